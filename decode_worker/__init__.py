@@ -1,0 +1,1 @@
+"""decode_worker process role."""

@@ -1,0 +1,221 @@
+"""The decode worker: inserts prefixes into free slots and runs the batched decode loop.
+
+A request's path through this process:
+ 1. A PrefixHeader (with its KV cache as extra frames) arrives from the prefill worker; the arrays
+    are read-only views over the received frames, not copies.
+ 2. If the request was aborted or finished by a stop string before its prefix arrived, the prefix
+    is dropped (tombstones remember such ids for a while). Otherwise it waits in a bounded pending
+    queue.
+ 3. At the top of each loop pass, pending prefixes go into free slots (engine.insert).
+ 4. One engine.generate() step advances every live slot by one token.
+ 5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit).
+ 6. The tokens of the step are grouped by their stamped detok worker and sent as one TokenBatch per
+    detok worker (only to those with tokens); sends never block.
+ 7. A slot is freed on a finishing token, on Abort from the router, or on Finish from the detok
+    worker (stop string) - each within one step of the message arriving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from splitserve import protocol
+from splitserve.config import ClusterConfig
+from splitserve.engine import build_engine
+from splitserve.engine.interface import Prefix
+from splitserve.protocol import FINISH_NONE, PrefixHeader, RequestFailed, StopCriteria, TokenBatch
+from splitserve.stats import Histogram
+from splitserve.stopping import token_finish
+from splitserve.tokenizer_path import engine_vocab_size
+from splitserve.tombstones import Tombstones
+from splitserve.transport import detok_sender, faults_from_env
+from splitserve.worker import WorkerLoop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Slot:
+    request_id: str
+    detok_index: int
+    stop: StopCriteria
+    next_seq: int  # output position of the next token
+    context_len: int  # prompt + output tokens so far
+
+
+class DecodeWorker(WorkerLoop):
+    role = "decode"
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        index: int,
+        ctx: zmq.Context,
+        stop: threading.Event,
+        environ: dict[str, str],
+    ):
+        super().__init__(config, index, ctx, stop)
+        self.engine = build_engine(config.model, engine_vocab_size(config.model))
+        faults = faults_from_env(environ)
+        self.detoks = [
+            detok_sender(ctx, addr, self.counters, faults, "decode_to_detok")
+            for addr in config.addresses.detok
+        ]
+        self.slots: list[Slot | None] = [None] * self.engine.num_slots
+        self.slot_of: dict[str, int] = {}
+        self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
+        self.max_pending = 4 * self.engine.num_slots
+        self.gone = Tombstones(config.lifecycle.state_ttl_s)
+        self.step_time = Histogram()
+        self.step_gap = Histogram()  # start-to-start time of consecutive busy steps
+        self.steps = 0
+        self._last_step_start: float | None = None
+        self.failed_inserts = 0
+
+    def own_address(self) -> str:
+        return self.config.addresses.decode
+
+    def warmup(self) -> dict[str, Any]:
+        self.engine.warmup()
+        return {"num_slots": self.engine.num_slots, "max_seq_len": self.engine.max_seq_len}
+
+    # ---- messages ----
+    def loop_once(self) -> None:
+        if not self.slot_of and not self.pending:
+            self._last_step_start = None  # an idle pause is not a stall
+            self.receiver.poll(self.poll_timeout_ms())
+        for msg, frames in self.receiver.drain():
+            self.handle(msg, frames)
+        self.insert_pending()
+        if self.slot_of:
+            self.step()
+        for d in self.detoks:
+            tick = getattr(d, "tick", None)
+            if tick:
+                tick()
+        self.gone.prune()
+
+    def handle(self, msg: Any, frames: list[Any]) -> None:
+        if isinstance(msg, PrefixHeader):
+            self.accept_prefix(msg, frames)
+        elif isinstance(msg, protocol.Abort | protocol.Finish):
+            for rid in msg.request_ids:
+                self.release(rid)
+        else:
+            self.counters.malformed += 1
+            log.warning("decode: unexpected %s", type(msg).__name__)
+
+    def accept_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
+        rid = header.request_id
+        if rid in self.gone:
+            return
+        if rid in self.slot_of or any(h.request_id == rid for h, _ in self.pending):
+            self.fail([rid], "duplicate request id at decode")
+            return
+        if not 0 <= header.detok_index < len(self.detoks):
+            self.fail([rid], f"detok index {header.detok_index} out of range")
+            return
+        if len(self.pending) >= self.max_pending:
+            self.fail([rid], "decode worker overloaded: pending queue full")
+            return
+        self.pending.append((header, frames))
+
+    def release(self, rid: str) -> None:
+        """Abort or stop-string finish: free the slot now, or drop the prefix when it arrives."""
+        self.gone.add(rid)
+        slot = self.slot_of.pop(rid, None)
+        if slot is not None:
+            self.slots[slot] = None
+            self.engine.free(slot)
+            return
+        for i, (h, _) in enumerate(self.pending):
+            if h.request_id == rid:
+                del self.pending[i]
+                return
+
+    def insert_pending(self) -> None:
+        while self.pending and len(self.slot_of) < len(self.slots):
+            header, frames = self.pending.popleft()
+            slot = self.slots.index(None)
+            try:
+                kv = protocol.arrays_from_frames(header.kv_meta, frames)
+                prefix = Prefix(kv, header.length, header.first_token, header.first_logprob)
+                self.engine.insert(prefix, slot, header.sampling)
+            except (protocol.ProtocolError, ValueError) as exc:
+                self.failed_inserts += 1
+                self.fail([header.request_id], f"cannot insert prefix: {exc}")
+                continue
+            self.slots[slot] = Slot(
+                header.request_id, header.detok_index, header.stop, 1, header.length + 1
+            )
+            self.slot_of[header.request_id] = slot
+
+    def fail(self, request_ids: list[str], message: str) -> None:
+        log.warning("decode: failing %s: %s", request_ids, message)
+        self.router.send(RequestFailed(request_ids, self.role, message))
+
+    # ---- the decode step ----
+    def step(self) -> None:
+        start = time.perf_counter()
+        if self._last_step_start is not None:
+            self.step_gap.observe(start - self._last_step_start)
+        self._last_step_start = start
+        out = self.engine.generate()
+        tokens = out.tokens.tolist()
+        logprobs = out.logprobs.tolist()
+        self.steps += 1
+        batches: dict[int, TokenBatch] = {}
+        max_seq_len = self.engine.max_seq_len
+        for slot, state in enumerate(self.slots):
+            if state is None:
+                continue
+            token = tokens[slot]
+            seq = state.next_seq
+            state.next_seq += 1
+            finish = token_finish(state.stop, token, seq + 1, state.context_len, max_seq_len)
+            state.context_len += 1
+            batch = batches.get(state.detok_index)
+            if batch is None:
+                batch = batches[state.detok_index] = TokenBatch(
+                    protocol.SOURCE_DECODE, self.steps, [], [], [], [], []
+                )
+            batch.request_ids.append(state.request_id)
+            batch.seqs.append(seq)
+            batch.tokens.append(token)
+            batch.logprobs.append(logprobs[slot])
+            batch.finishes.append(finish)
+            if finish != FINISH_NONE:
+                del self.slot_of[state.request_id]
+                self.slots[slot] = None
+                self.engine.free(slot)
+        for detok_index, batch in batches.items():
+            self.detoks[detok_index].send(batch)
+        self.step_time.observe(time.perf_counter() - start)
+
+    # ---- lifecycle ----
+    def load(self) -> dict[str, Any]:
+        return {
+            "free_slots": len(self.slots) - len(self.slot_of),
+            "num_slots": len(self.slots),
+            "live": len(self.slot_of),
+            "pending": len(self.pending),
+            "steps": self.steps,
+            "step_time": self.step_time.snapshot(),
+            "step_gap": self.step_gap.snapshot(),
+            "tombstones": len(self.gone),
+            "failed_inserts": self.failed_inserts,
+        }
+
+    def idle(self) -> bool:
+        return not self.slot_of and not self.pending
+
+    def close(self) -> None:
+        for d in self.detoks:
+            d.close()

@@ -1,0 +1,1 @@
+"""detok_worker process role."""

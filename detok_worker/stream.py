@@ -1,0 +1,93 @@
+"""One request's detokenization state inside a detok worker: order restoration, incremental text,
+stop strings. Pure logic, no sockets, so that it can be tested token by token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from splitserve.detokenize import IncrementalDetokenizer, StopStringMatcher
+from splitserve.protocol import (
+    FINISH_LENGTH,
+    FINISH_NONE,
+    FINISH_STOP_TOKEN,
+    DetokParams,
+    TextDelta,
+)
+from splitserve.tokenizers.base import TokenTable
+
+MAX_OUT_OF_ORDER = 100_000  # a stream further ahead than this of its next token is broken
+
+
+@dataclass
+class Stream:
+    request_id: str
+    params: DetokParams
+    logprobs: bool
+    detokenizer: IncrementalDetokenizer
+    matcher: StopStringMatcher | None
+    next_seq: int = 0
+    emitted_tokens: int = 0
+    waiting: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # seq -> token...
+    finish_reason: str = ""
+    stopped_by_string: bool = False  # the decode worker must then be told to free the slot
+
+    @classmethod
+    def open(cls, request_id: str, params: DetokParams, logprobs: bool, table: TokenTable):
+        matcher = (
+            StopStringMatcher(list(params.stop), params.include_stop_str_in_output)
+            if params.stop
+            else None
+        )
+        return cls(
+            request_id,
+            params,
+            logprobs,
+            IncrementalDetokenizer(table, params.skip_special_tokens),
+            matcher,
+        )
+
+    def add(self, seq: int, token: int, logprob: float, finish: int) -> None:
+        """Buffer one token; it is emitted once every earlier sequence number has been."""
+        if seq < self.next_seq or seq - self.next_seq > MAX_OUT_OF_ORDER:
+            raise ValueError(f"{self.request_id}: sequence {seq} outside the stream window")
+        self.waiting[seq] = (token, logprob, finish)
+
+    def advance(self) -> TextDelta | None:
+        """Emit every token now in order; None when nothing moved."""
+        if self.next_seq not in self.waiting:
+            return None
+        delta = TextDelta(self.request_id, "", [], [])
+        pieces: list[str] = []
+        while not self.finish_reason and self.next_seq in self.waiting:
+            token, logprob, finish = self.waiting.pop(self.next_seq)
+            self.next_seq += 1
+            self.emitted_tokens += 1
+            delta.token_ids.append(token)
+            if self.logprobs:
+                delta.logprobs.append(logprob)
+            pieces.append(self._text_of(token, finish))
+        delta.text = "".join(pieces)
+        delta.finish_reason = self.finish_reason
+        if self.finish_reason:
+            self.waiting.clear()
+        return delta
+
+    def _text_of(self, token: int, finish: int) -> str:
+        # the text a finishing eos / stop token id would add is not part of the output
+        text = self.detokenizer.push(token) if finish != FINISH_STOP_TOKEN else ""
+        if finish != FINISH_NONE:
+            text += self.detokenizer.flush()
+        if self.matcher is not None and self.emitted_tokens >= self.params.min_tokens:
+            text, stopped = self.matcher.push(text)
+            if stopped:
+                self.finish_reason = "stop"
+                # a finishing token already freed its slot at the decode worker
+                self.stopped_by_string = finish == FINISH_NONE
+                return text
+            if finish != FINISH_NONE:
+                text += self.matcher.flush()
+        if finish == FINISH_STOP_TOKEN:
+            self.finish_reason = "stop"
+        elif finish == FINISH_LENGTH:
+            self.finish_reason = "length"
+        return text

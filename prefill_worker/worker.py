@@ -1,0 +1,162 @@
+"""The prefill worker: runs each prompt once, samples its first token, and hands the request on.
+
+A request's path through this process:
+ 1. A GenerateRequest arrives from the router, already stamped with its detok worker; it waits in a
+    bounded queue (Abort removes it from the queue).
+ 2. engine.prefill() runs the prompt (padded to a compiled length bucket) and samples output
+    position 0.
+ 3. The finish rules are checked for that first token (max_tokens 1, eos).
+ 4. Unless the request already finished, its prefix (the KV cache of the true prompt length as
+    extra frames, plus the first token) goes to the decode worker.
+ 5. The first token goes straight to the pinned detok worker as a TokenBatch with sequence 0 that
+    opens the stream (detokenization parameters ride along), for a fast time to first token.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+
+from splitserve import protocol
+from splitserve.config import ClusterConfig
+from splitserve.engine import build_engine
+from splitserve.protocol import (
+    FINISH_NONE,
+    GenerateRequest,
+    OpenStream,
+    PrefixHeader,
+    RequestFailed,
+    TokenBatch,
+)
+from splitserve.stats import Histogram
+from splitserve.stopping import token_finish
+from splitserve.tokenizer_path import engine_vocab_size
+from splitserve.transport import Sender, detok_sender, faults_from_env
+from splitserve.worker import WorkerLoop
+
+log = logging.getLogger(__name__)
+
+
+class PrefillWorker(WorkerLoop):
+    role = "prefill"
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        index: int,
+        ctx: zmq.Context,
+        stop: threading.Event,
+        environ: dict[str, str],
+    ):
+        super().__init__(config, index, ctx, stop)
+        self.engine = build_engine(config.model, engine_vocab_size(config.model))
+        faults = faults_from_env(environ)
+        self.decode = Sender(ctx, config.addresses.decode, self.counters)
+        self.detoks = [
+            detok_sender(ctx, addr, self.counters, faults, "prefill_to_detok")
+            for addr in config.addresses.detok
+        ]
+        self.queue: deque[GenerateRequest] = deque()
+        self.max_queue = config.router.max_running + config.router.max_queued
+        self.prefill_time = Histogram()
+        self.prefills = 0
+
+    def own_address(self) -> str:
+        return self.config.addresses.prefill
+
+    def warmup(self) -> dict[str, Any]:
+        self.engine.warmup()
+        return {"max_seq_len": self.engine.max_seq_len, "vocab_size": self.engine.vocab_size}
+
+    def loop_once(self) -> None:
+        if not self.queue:
+            self.receiver.poll(self.poll_timeout_ms())
+        for msg, _frames in self.receiver.drain():
+            self.handle(msg)
+        if self.queue:
+            self.prefill(self.queue.popleft())
+        for d in self.detoks:
+            tick = getattr(d, "tick", None)
+            if tick:
+                tick()
+
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, GenerateRequest):
+            if len(self.queue) >= self.max_queue:
+                self.fail([msg.request_id], "prefill worker overloaded: queue full")
+            else:
+                self.queue.append(msg)
+        elif isinstance(msg, protocol.Abort):
+            gone = set(msg.request_ids)
+            self.queue = deque(r for r in self.queue if r.request_id not in gone)
+        else:
+            self.counters.malformed += 1
+            log.warning("prefill: unexpected %s", type(msg).__name__)
+
+    def prefill(self, req: GenerateRequest) -> None:
+        rid = req.request_id
+        if not 0 <= req.detok_index < len(self.detoks):
+            self.fail([rid], f"detok index {req.detok_index} out of range")
+            return
+        if not req.prompt or any(not 0 <= t < self.engine.vocab_size for t in req.prompt):
+            self.fail([rid], "prompt token ids must be non-empty and within the vocabulary")
+            return
+        start = time.perf_counter()
+        try:
+            prefix = self.engine.prefill(req.prompt, req.sampling)
+        except ValueError as exc:  # a request the engine cannot run (too long, bad params)
+            self.fail([rid], f"prefill failed: {exc}")
+            return
+        self.prefill_time.observe(time.perf_counter() - start)
+        self.prefills += 1
+        max_seq_len = self.engine.max_seq_len
+        finish = token_finish(req.stop, prefix.first_token, 1, prefix.length + 1, max_seq_len)
+        if finish == FINISH_NONE:
+            # the prefix leaves before the first token, so a detok worker never sees a stream
+            # whose prefix this process still holds
+            header = PrefixHeader(
+                rid,
+                req.detok_index,
+                prefix.length,
+                prefix.first_token,
+                prefix.first_logprob,
+                req.sampling,
+                req.stop,
+                protocol.kv_meta(prefix.kv),
+            )
+            self.decode.send(header, prefix.kv)
+        first = TokenBatch(
+            protocol.SOURCE_PREFILL,
+            self.prefills,
+            [rid],
+            [0],
+            [prefix.first_token],
+            [prefix.first_logprob],
+            [finish],
+            [OpenStream(rid, req.detok, req.logprobs)],
+        )
+        self.detoks[req.detok_index].send(first)
+
+    def fail(self, request_ids: list[str], message: str) -> None:
+        log.warning("prefill: failing %s: %s", request_ids, message)
+        self.router.send(RequestFailed(request_ids, self.role, message))
+
+    def load(self) -> dict[str, Any]:
+        return {
+            "queue": len(self.queue),
+            "prefills": self.prefills,
+            "prefill_time": self.prefill_time.snapshot(),
+        }
+
+    def idle(self) -> bool:
+        return not self.queue
+
+    def close(self) -> None:
+        self.decode.close()
+        for d in self.detoks:
+            d.close()

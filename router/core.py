@@ -1,0 +1,399 @@
+"""The router core: admission, the hash ring, the request table and worker liveness, over ZeroMQ.
+
+A request's path through the router:
+ 1. submit() validates the token ids and parameters, clamps max_tokens to the context, and admits
+    the request (or queues it, or refuses it with Overloaded / NotReady).
+ 2. The hash ring over the live detok workers picks the request's detok worker, once; the index is
+    stamped on the GenerateRequest sent to the prefill worker.
+ 3. TextBatches from the detok workers are read by one task and fanned out to the requests'
+    handles; the delta that carries a finish reason ends the request.
+ 4. A client that goes away calls abort(): prefill, decode and the detok worker are told to forget
+    the request, and its admission slot is released.
+ 5. A monitor task marks workers dead when their heartbeats stop, ends every request that depended
+    on a dead worker with an error, and ends requests that make no progress in bounded time.
+The HTTP layer (router.http) wraps this; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from router.metrics import RouterMetrics
+from router.requests import (
+    Delta,
+    InvalidRequest,
+    NotReady,
+    Overloaded,
+    RequestHandle,
+    RequestParams,
+)
+from router.workers import WorkerState, WorkerTable
+from splitserve import protocol
+from splitserve.config import ClusterConfig, bind_address
+from splitserve.engine.interface import SamplingParams
+from splitserve.hashring import HashRing
+from splitserve.protocol import (
+    Abort,
+    DetokParams,
+    GenerateRequest,
+    Heartbeat,
+    Ready,
+    RequestFailed,
+    StopCriteria,
+    TextBatch,
+)
+from splitserve.transport import SEND_HWM, Counters
+
+log = logging.getLogger(__name__)
+
+MAX_SEED = 2**63 - 1
+MONITOR_INTERVAL_S = 0.1
+
+
+class RouterCore:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        vocab_size: int,
+        eos_ids: frozenset[int],
+        ctx: zmq.Context | None = None,
+    ):
+        self.config = config
+        self.vocab_size = vocab_size
+        self.eos_ids = sorted(eos_ids)
+        self.max_seq_len = config.model.max_seq_len
+        # threads mode shares one context (inproc needs it); a process makes its own
+        self.ctx = zmq.asyncio.Context.shadow(ctx) if ctx is not None else zmq.asyncio.Context()
+        self.counters = Counters()
+        self.workers = WorkerTable(config.detok_count, config.lifecycle.liveness_timeout_s)
+        self.ring = HashRing([])
+        self.requests: dict[str, RequestHandle] = {}
+        self.waiters: deque[asyncio.Future] = deque()
+        self.running = 0
+        self.accepting = True
+        self.metrics = RouterMetrics(self.workers, lambda: self.running, lambda: len(self.waiters))
+        self._tasks: list[asyncio.Task] = []
+        self._pending_aborts: dict[str, int] = {}
+        self._sockets: list[zmq.Socket] = []
+        self._ready_event: asyncio.Event | None = None
+
+    # ---- start and stop ----
+    async def start(self) -> None:
+        a = self.config.addresses
+        self.receiver = self._socket(zmq.PULL)
+        self.receiver.bind(bind_address(a.router))
+        self.prefill = self._connect(a.prefill)
+        self.decode = self._connect(a.decode)
+        self.detoks = [self._connect(addr) for addr in a.detok]
+        self._ready_event = asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self._read_loop(), name="router-read"),
+            asyncio.create_task(self._monitor_loop(), name="router-monitor"),
+        ]
+
+    def _socket(self, kind: int) -> zmq.asyncio.Socket:
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, SEND_HWM)
+        s.setsockopt(zmq.RCVHWM, SEND_HWM)
+        self._sockets.append(s)
+        return s
+
+    def _connect(self, endpoint: str) -> zmq.Socket:
+        # sends are non-blocking, so a plain socket serves the event loop without futures
+        s = zmq.Context.shadow(self.ctx.underlying).socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, SEND_HWM)
+        s.connect(endpoint)
+        self._sockets.append(s)
+        return s
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        assert self._ready_event is not None, "start() first"
+        await asyncio.wait_for(self._ready_event.wait(), timeout_s)
+
+    def is_ready(self) -> bool:
+        return self.accepting and self.workers.pipeline_ready()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting; let running requests finish for up to timeout_s, then end the rest."""
+        self.accepting = False
+        for w in list(self.waiters):
+            if not w.done():
+                w.set_exception(NotReady("the server is shutting down"))
+        deadline = time.monotonic() + timeout_s
+        while self.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for handle in list(self.requests.values()):
+            self._end(handle, "error", "the server shut down before the request finished")
+        self._flush_aborts()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+        for s in self._sockets:
+            s.close(linger=0)
+        self._sockets.clear()
+
+    # ---- submit ----
+    async def submit(
+        self, prompt: list[int], params: RequestParams, request_id: str | None = None
+    ) -> RequestHandle:
+        """Admit one request; raises InvalidRequest, Overloaded or NotReady."""
+        submitted = time.monotonic()
+        params = self._validate(prompt, params)
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        if rid in self.requests:
+            raise InvalidRequest(f"request id {rid!r} is already in flight", "request_id")
+        if not self.is_ready():
+            self.metrics.rejected.labels("not_ready").inc()
+            raise NotReady("no full pipeline is ready" if self.accepting else "shutting down")
+        if self.running >= self.config.router.max_running:
+            await self._wait_for_admission()
+            if not self.is_ready():
+                raise NotReady("the pipeline went down while the request was queued")
+        self.running += 1
+        now = time.monotonic()
+        detok_index = self.ring.lookup(rid)
+        handle = RequestHandle(
+            rid, len(prompt), detok_index, params, submitted, now,
+            deadline=now + self.config.router.request_timeout_s, last_progress=now,
+        )  # fmt: skip
+        handle._abort_cb = self._client_abort
+        self.requests[rid] = handle
+        self.metrics.admitted(handle)
+        seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
+        msg = GenerateRequest(
+            rid,
+            detok_index,
+            list(prompt),
+            SamplingParams(params.temperature, params.top_p, params.top_k, seed),
+            StopCriteria(
+                params.max_tokens, params.min_tokens, params.ignore_eos, self.eos_ids,
+                list(params.stop_token_ids),
+            ),
+            DetokParams(
+                params.skip_special_tokens, list(params.stop), params.include_stop_str_in_output,
+                params.min_tokens,
+            ),
+            params.logprobs,
+        )  # fmt: skip
+        if not self._send(self.prefill, msg):
+            self._end(handle, "error", "the prefill worker is not accepting requests")
+        log.info("%s admitted: %d prompt tokens, detok %d", rid, len(prompt), detok_index)
+        return handle
+
+    def _validate(self, prompt: list[int], p: RequestParams) -> RequestParams:
+        if not prompt:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt):
+            raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
+        room = self.max_seq_len - len(prompt)
+        if room < 1:
+            raise InvalidRequest(
+                f"the prompt has {len(prompt)} tokens; this model's context is {self.max_seq_len}"
+                " tokens, which leaves no room for output",
+                "prompt",
+            )
+        if p.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be at least 1", "max_tokens")
+        if not 0 <= p.min_tokens <= p.max_tokens:
+            raise InvalidRequest("min_tokens must be between 0 and max_tokens", "min_tokens")
+        if not 0.0 <= p.temperature <= 100.0:
+            raise InvalidRequest("temperature must be between 0 and 100", "temperature")
+        if not 0.0 < p.top_p <= 1.0:
+            raise InvalidRequest("top_p must be in (0, 1]", "top_p")
+        if p.top_k < 0:
+            raise InvalidRequest("top_k must be 0 (off) or positive", "top_k")
+        if p.seed is not None and not 0 <= p.seed <= MAX_SEED:
+            raise InvalidRequest(f"seed must be in [0, {MAX_SEED}]", "seed")
+        if any(not s for s in p.stop) or len(p.stop) > 16:
+            raise InvalidRequest("stop strings must be non-empty, at most 16 of them", "stop")
+        if any(not 0 <= t < self.vocab_size for t in p.stop_token_ids):
+            raise InvalidRequest("stop_token_ids must be valid token ids", "stop_token_ids")
+        if p.max_tokens > room:
+            from dataclasses import replace
+
+            p = replace(p, max_tokens=room, min_tokens=min(p.min_tokens, room))
+        return p
+
+    async def _wait_for_admission(self) -> None:
+        if len(self.waiters) >= self.config.router.max_queued:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise Overloaded(
+                f"{self.running} requests running and {len(self.waiters)} queued: try again later"
+            )
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, self.config.router.queue_timeout_s)
+        except TimeoutError:
+            self.metrics.rejected.labels("queue_timeout").inc()
+            raise Overloaded("timed out waiting for a free slot: try again later") from None
+        finally:
+            if fut in self.waiters:
+                self.waiters.remove(fut)
+
+    def _release_admission(self) -> None:
+        self.running -= 1
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    # ---- ending requests ----
+    def _end(self, handle: RequestHandle, finish_reason: str, error: str = "") -> None:
+        if handle.result is not None:
+            return
+        handle.end(finish_reason, error)
+        self.requests.pop(handle.request_id, None)
+        self._release_admission()
+        self.metrics.ended(handle, time.monotonic())
+        if finish_reason in ("abort", "error"):
+            self._abort_soon(handle)
+        log.info(
+            "%s finished: %s, %d tokens%s", handle.request_id, finish_reason,
+            handle.completion_tokens, f" ({error})" if error else "",
+        )  # fmt: skip
+
+    def _client_abort(self, handle: RequestHandle) -> None:
+        self._end(handle, "abort")
+
+    def _abort_soon(self, handle: RequestHandle) -> None:
+        """Aborts are batched: one Abort message per worker per event-loop turn."""
+        if not self._pending_aborts:
+            asyncio.get_running_loop().call_soon(self._flush_aborts)
+        self._pending_aborts[handle.request_id] = handle.detok_index
+
+    def _flush_aborts(self) -> None:
+        if not self._pending_aborts:
+            return
+        aborts, self._pending_aborts = self._pending_aborts, {}
+        rids = list(aborts)
+        self._send(self.prefill, Abort(rids))
+        self._send(self.decode, Abort(rids))
+        by_detok: dict[int, list[str]] = {}
+        for rid, k in aborts.items():
+            by_detok.setdefault(k, []).append(rid)
+        for k, ids in by_detok.items():
+            self._send(self.detoks[k], Abort(ids))
+
+    def _send(self, socket: zmq.Socket, msg: Any) -> bool:
+        try:
+            socket.send_multipart(protocol.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            self.counters.dropped += 1
+            log.warning("router: send of %s dropped", type(msg).__name__)
+            return False
+        self.counters.sent += 1
+        return True
+
+    # ---- receiving ----
+    async def _read_loop(self) -> None:
+        while True:
+            frames = await self.receiver.recv_multipart(copy=False)
+            batch = [frames]
+            while True:  # drain what else is waiting before yielding to the clients' tasks
+                try:
+                    batch.append(self.receiver.recv_multipart(zmq.NOBLOCK, copy=False).result())
+                except zmq.Again:
+                    break
+            for fr in batch:
+                self.counters.received += 1
+                try:
+                    msg, _ = protocol.decode(fr)
+                except protocol.ProtocolError as exc:
+                    self.counters.malformed += 1
+                    log.warning("router: dropped malformed message: %s", exc)
+                    continue
+                self._dispatch(msg)
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, TextBatch):
+            now = time.monotonic()
+            for d in msg.deltas:
+                handle = self.requests.get(d.request_id)
+                if handle is None:
+                    continue  # already ended here (aborted, failed): late output is dropped
+                previous = handle.first_token_at and handle.last_progress
+                handle.push(Delta(d.text, d.token_ids, d.logprobs))
+                self.metrics.delta(handle, len(d.token_ids), now, previous)
+                if d.finish_reason:
+                    self._end(handle, d.finish_reason)
+        elif isinstance(msg, Ready | Heartbeat):
+            worker, lost = self.workers.observe(msg)
+            if worker is not None and lost:
+                self._worker_lost(worker)
+            self._refresh_ring()
+        elif isinstance(msg, RequestFailed):
+            for rid in msg.request_ids:
+                handle = self.requests.get(rid)
+                if handle is not None:
+                    self._end(handle, "error", f"{msg.role}: {msg.message}")
+        else:
+            self.counters.malformed += 1
+            log.warning("router: unexpected %s", type(msg).__name__)
+
+    def _refresh_ring(self) -> None:
+        live = self.workers.live_detoks()
+        if tuple(live) != self.ring.workers:
+            self.ring = HashRing(live)
+            log.info("hash ring over detok workers %s", live)
+        if self._ready_event is not None and self.workers.pipeline_ready():
+            self._ready_event.set()
+
+    # ---- liveness and timeouts ----
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL_S)
+            for w in self.workers.expire():
+                self._worker_lost(w)
+            self._refresh_ring()
+            self._expire_requests()
+
+    def _worker_lost(self, w: WorkerState) -> None:
+        """End every request that depended on worker w."""
+        reason = f"{w.role} worker {w.index} died"
+        for handle in list(self.requests.values()):
+            if w.role == "detok":
+                hit = handle.detok_index == w.index
+            elif w.role == "prefill":
+                hit = handle.completion_tokens == 0  # not past prefill yet
+            else:
+                hit = True  # decode holds, or is about to hold, every running request
+            if hit:
+                self._end(handle, "error", reason)
+
+    def _expire_requests(self) -> None:
+        now = time.monotonic()
+        stall = self.config.router.stall_timeout_s
+        for handle in list(self.requests.values()):
+            if now > handle.deadline:
+                self._end(handle, "error", "request timed out")
+            elif now - handle.last_progress > stall:
+                self._end(handle, "error", f"no progress for {stall:.0f} s")
+
+    # ---- introspection ----
+    def health(self) -> dict[str, Any]:
+        return {
+            "ready": self.is_ready(),
+            "accepting": self.accepting,
+            "running": self.running,
+            "waiting": len(self.waiters),
+            "workers": self.workers.summary(),
+        }

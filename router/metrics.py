@@ -1,0 +1,159 @@
+"""The router's Prometheus metrics, in a registry of its own (no process-global state).
+
+Request-level figures are observed here as requests move; worker figures (free slots, detok load,
+decode step time and step gap) are read from the latest heartbeats at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+from router.requests import RequestHandle
+from router.workers import WorkerTable
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
+    0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class RouterMetrics:
+    def __init__(
+        self, workers: WorkerTable, running: Callable[[], int], waiting: Callable[[], int]
+    ):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "splitserve_requests",
+            "Finished requests by finish reason",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "splitserve_rejected_requests", "Requests refused at admission", ["reason"], registry=r
+        )
+        self.prompt_tokens = Counter("splitserve_prompt_tokens", "Prompt tokens", registry=r)
+        self.generation_tokens = Counter(
+            "splitserve_generation_tokens", "Generated tokens", registry=r
+        )
+        self.ttft = Histogram(
+            "splitserve_time_to_first_token_seconds",
+            "Time to first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "splitserve_inter_token_latency_seconds",
+            "Time between a request's token deliveries, per token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "splitserve_e2e_request_latency_seconds",
+            "End-to-end request latency",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "splitserve_request_queue_time_seconds",
+            "Time waiting for admission",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        running_gauge = Gauge("splitserve_requests_running", "Requests in the pipeline", registry=r)
+        running_gauge.set_function(running)
+        waiting_gauge = Gauge("splitserve_requests_waiting", "Requests queued", registry=r)
+        waiting_gauge.set_function(waiting)
+        r.register(_WorkerCollector(workers))
+
+    def admitted(self, handle: RequestHandle) -> None:
+        self.prompt_tokens.inc(handle.prompt_tokens)
+        self.queue_time.observe(handle.admitted - handle.submitted)
+
+    def delta(
+        self, handle: RequestHandle, n_tokens: int, now: float, previous: float | None
+    ) -> None:
+        if not n_tokens:
+            return
+        self.generation_tokens.inc(n_tokens)
+        if previous is None:
+            self.ttft.observe(now - handle.submitted)
+        else:
+            gap = (now - previous) / n_tokens
+            for _ in range(n_tokens):
+                self.itl.observe(gap)
+
+    def ended(self, handle: RequestHandle, now: float) -> None:
+        assert handle.result is not None
+        self.requests.labels(handle.result.finish_reason).inc()
+        self.e2e.observe(now - handle.submitted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _WorkerCollector:
+    """Figures from the workers' latest heartbeats."""
+
+    def __init__(self, workers: WorkerTable):
+        self.workers = workers
+
+    def collect(self):
+        up = GaugeMetricFamily(
+            "splitserve_worker_up", "1 when the worker is ready", labels=["role", "index"]
+        )
+        for w in self.workers.workers.values():
+            up.add_metric([w.role, str(w.index)], 1.0 if w.state == "ready" else 0.0)
+        yield up
+        decode = self.workers.get("decode", 0)
+        load = decode.load if decode else {}
+        free = GaugeMetricFamily("splitserve_decode_free_slots", "Free decode slots")
+        free.add_metric([], float(load.get("free_slots", 0)))
+        yield free
+        pending = GaugeMetricFamily("splitserve_decode_pending_prefixes", "Prefixes waiting")
+        pending.add_metric([], float(load.get("pending", 0)))
+        yield pending
+        for key, name, doc in (
+            ("step_time", "splitserve_decode_step_seconds", "Decode step duration"),
+            (
+                "step_gap",
+                "splitserve_decode_step_gap_seconds",
+                "Start-to-start time between consecutive busy decode steps",
+            ),
+        ):
+            snap = load.get(key)
+            if snap:
+                yield _histogram(name, doc, snap)
+        streams = GaugeMetricFamily(
+            "splitserve_detok_streams", "Open streams per detok worker", labels=["index"]
+        )
+        tokens = GaugeMetricFamily(
+            "splitserve_detok_tokens", "Tokens detokenized per detok worker", labels=["index"]
+        )
+        for w in self.workers.workers.values():
+            if w.role == "detok":
+                streams.add_metric([str(w.index)], float(w.load.get("streams", 0)))
+                tokens.add_metric([str(w.index)], float(w.load.get("tokens", 0)))
+        yield streams
+        yield tokens
+        dropped = GaugeMetricFamily(
+            "splitserve_dropped_sends",
+            "Messages dropped by a worker's non-blocking sends",
+            labels=["role", "index"],
+        )
+        for w in self.workers.workers.values():
+            transport = w.load.get("transport", {})
+            dropped.add_metric([w.role, str(w.index)], float(transport.get("dropped", 0)))
+        yield dropped
+
+
+def _histogram(name: str, doc: str, snap: dict) -> HistogramMetricFamily:
+    buckets = []
+    cumulative = 0
+    for bound, count in zip(list(snap["buckets"]) + [float("inf")], snap["counts"], strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snap["sum"])

@@ -1,0 +1,134 @@
+"""What a client of the router core holds: its request's parameters, stream and final result."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+
+class RequestError(Exception):
+    """Base of the errors the router core raises at submit time."""
+
+    status = 500
+    kind = "internal_error"
+
+
+class InvalidRequest(RequestError):
+    """The request cannot be served as given (HTTP 400)."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class Overloaded(RequestError):
+    """Too many requests in flight and queued (HTTP 429)."""
+
+    status = 429
+    kind = "overloaded_error"
+
+
+class NotReady(RequestError):
+    """No full pipeline is ready, or the router is shutting down (HTTP 503)."""
+
+    status = 503
+    kind = "service_unavailable"
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """Per-request generation parameters, as the router core accepts them."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logprobs: bool = False
+
+
+@dataclass
+class Delta:
+    """New output of one request: text and the tokens it came from."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class Result:
+    """How a request ended. finish_reason is one of stop, length, abort, error."""
+
+    request_id: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    error: str = ""
+
+
+@dataclass
+class RequestHandle:
+    """One admitted request: iterate it for deltas, then read .result (or await finished())."""
+
+    request_id: str
+    prompt_tokens: int
+    detok_index: int
+    params: RequestParams
+    submitted: float  # monotonic time of submit()
+    admitted: float  # monotonic time it entered the pipeline
+    deadline: float
+    last_progress: float = 0.0
+    first_token_at: float | None = None
+    completion_tokens: int = 0
+    result: Result | None = None
+    _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    _abort_cb: object = None
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    async def finished(self) -> tuple[str, Result]:
+        """Consume the whole stream: (full text, result)."""
+        parts = [d.text async for d in self]
+        assert self.result is not None
+        return "".join(parts), self.result
+
+    def abort(self) -> None:
+        """The client went away or cancelled: end the request and free its resources."""
+        if self.result is None and self._abort_cb is not None:
+            self._abort_cb(self)
+
+    # ---- used by the core ----
+    def push(self, delta: Delta) -> None:
+        now = time.monotonic()
+        self.last_progress = now
+        if self.first_token_at is None and delta.token_ids:
+            self.first_token_at = now
+        self.completion_tokens += len(delta.token_ids)
+        self._queue.put_nowait(delta)
+
+    def end(self, finish_reason: str, error: str = "") -> None:
+        if self.result is not None:
+            return
+        self.result = Result(
+            self.request_id, finish_reason, self.prompt_tokens, self.completion_tokens, error
+        )
+        self._queue.put_nowait(None)

@@ -1,0 +1,136 @@
+"""The `splitserve` command: `serve` starts a whole local stack, `bench` measures an endpoint.
+
+`splitserve serve` is what `make serve` runs. A request's path through the stack it starts:
+ 1. router: HTTP request -> tokens -> admission -> hash ring picks detok worker k -> prefill.
+ 2. prefill_worker: prompt -> KV cache + first token; prefix to decode, token 0 to detok k.
+ 3. decode_worker: batched decode steps; each step's tokens to their detok workers, one batch each.
+ 4. detok_worker k: tokens in order -> text deltas -> router.
+ 5. router: text deltas -> the client's HTTP stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from splitserve.config import load_config
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="cluster TOML file (defaults: one host, default model)")
+    p.add_argument("--model", help="model: a .gguf file, a Hugging Face folder, random:<preset>")
+    p.add_argument("--tokenizer", help="tokenizer path when the model has none of its own")
+    p.add_argument("--engine", choices=["jax", "fake"])
+    p.add_argument("--mode", choices=["processes", "threads"])
+    p.add_argument("--detok-workers", type=int)
+    p.add_argument("--slots", type=int, help="decode slots (batch size)")
+    p.add_argument("--max-seq-len", type=int)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--api-key", default=os.environ.get("SPLITSERVE_API_KEY"))
+    p.add_argument("--ready-timeout", type=float, default=900.0)
+
+
+def config_from_args(args: argparse.Namespace):
+    return load_config(
+        args.config,
+        {
+            "model": {
+                "path": args.model,
+                "tokenizer": args.tokenizer,
+                "engine": args.engine,
+                "num_slots": args.slots,
+                "max_seq_len": args.max_seq_len,
+            },
+            "cluster": {"mode": args.mode, "detok_workers": args.detok_workers},
+            "router": {"host": args.host, "port": args.port, "api_key": args.api_key},
+        },
+    )
+
+
+def wait_healthy(url: str, timeout_s: float, alive=lambda: True) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    from splitserve.launcher import ProcessStack
+
+    config = config_from_args(args)
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if config.mode == "threads":
+        roles = ("router",)  # the router process runs every role as a thread
+    else:
+        roles = ("prefill", "decode", "detok", "router")
+    stack = ProcessStack(config, roles=roles)
+    stack.start()
+    host, port = config.router.host, config.router.port
+    print(f"splitserve: starting {config.mode} stack, model {config.model.path!r} ...", flush=True)
+    try:
+        ok = wait_healthy(
+            f"http://{host}:{port}/health",
+            args.ready_timeout,
+            alive=lambda: not stack.dead() and stop["signal"] is None,
+        )
+        if not ok:
+            if stop["signal"] is None:
+                dead = ", ".join(c.name for c in stack.dead()) or "none"
+                print(f"splitserve: the stack did not become ready (exited: {dead})", flush=True)
+                return 1
+            return 0
+        print(
+            f"splitserve: ready on http://{host}:{port}\n"
+            f"  curl http://{host}:{port}/v1/completions -H 'Content-Type: application/json' "
+            f"""-d '{{"prompt": "The capital of France is", "max_tokens": 16}}'""",
+            flush=True,
+        )
+        while stop["signal"] is None:
+            dead = stack.dead()
+            if dead:
+                print(f"splitserve: {dead[0].name} exited; stopping", flush=True)
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        print("splitserve: stopping ...", flush=True)
+        stack.stop(timeout_s=config.lifecycle.drain_timeout_s + 10)
+        print("splitserve: stopped", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="splitserve")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_args(sub.add_parser("serve", help="start the whole local stack"))
+    bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s")
+    if args.command == "serve":
+        return serve(args)
+    from splitserve.bench.__main__ import main as bench_main
+
+    return bench_main(args.rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Configuration: frozen dataclasses built once at start-up from a TOML cluster file and flags.
+
+Nothing reads configuration from module globals later; every role receives its ClusterConfig.
+
+A cluster file (all sections optional):
+
+    [model]
+    engine = "jax"              # or "fake" (hand-checkable arithmetic, no model)
+    path = "default"            # .gguf file, Hugging Face folder, "random:<preset>", or "default"
+    tokenizer = ""              # defaults to the model path (GGUF vocab or HF folder)
+    num_slots = 16
+    max_seq_len = 2048
+
+    [cluster]
+    mode = "processes"          # or "threads"
+    detok_workers = 2
+    run_dir = ""                # where ipc sockets live; a fresh temp dir when empty
+
+    [router]
+    host = "127.0.0.1"
+    port = 8000
+    max_running = 64
+
+    [addresses]                 # ZeroMQ endpoints each receiver binds and its senders connect to
+    router = "tcp://10.0.0.1:5550"
+    prefill = "tcp://10.0.0.1:5551"
+    decode = "tcp://10.0.0.2:5552"
+    detok = ["tcp://10.0.0.2:5560", "tcp://10.0.0.2:5561"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("router", "prefill", "decode", "detok")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    engine: str = "jax"
+    path: str = "default"
+    tokenizer: str = ""
+    num_slots: int = 16
+    max_seq_len: int = 2048
+    compile_cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "jax")
+    # fake engine only: seconds each decode step and each prefill take (simulated compute)
+    fake_step_s: float = 0.0
+    fake_prefill_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_running: int = 64  # requests admitted into the pipeline at once
+    max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
+    queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
+    request_timeout_s: float = 600.0  # hard bound on any request's life
+    stall_timeout_s: float = 30.0  # no progress for this long ends a request with an error
+    api_key: str = ""
+    model_name: str = ""  # name served in /v1/models; derived from the model path when empty
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """ZeroMQ endpoints: each role's receiver binds its own, senders connect to it."""
+
+    router: str
+    prefill: str
+    decode: str
+    detok: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    heartbeat_interval_s: float = 0.25
+    liveness_timeout_s: float = 1.5  # no heartbeat for this long: the worker is dead
+    drain_timeout_s: float = 10.0  # SIGTERM: running requests may finish up to this long
+    state_ttl_s: float = 30.0  # tombstones and orphan tokens are forgotten after this
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    addresses: Addresses | None = None
+    mode: str = "processes"
+    detok_workers: int = 2
+    run_dir: str = ""
+    hosts: dict[str, Any] = field(default_factory=dict)  # deploy/launch.sh: host -> roles, cpus
+
+    @property
+    def detok_count(self) -> int:
+        return len(self.addresses.detok) if self.addresses else self.detok_workers
+
+
+def _build(cls, values: dict[str, Any], section: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown key(s) in [{section}]: {', '.join(sorted(unknown))}")
+    return cls(**values)
+
+
+def default_addresses(mode: str, run_dir: str, detok_workers: int) -> Addresses:
+    if mode == "threads":
+        prefix = f"inproc://splitserve-{id(run_dir)}-"
+        return Addresses(
+            router=prefix + "router",
+            prefill=prefix + "prefill",
+            decode=prefix + "decode",
+            detok=tuple(prefix + f"detok-{k}" for k in range(detok_workers)),
+        )
+    base = f"ipc://{run_dir}/"
+    return Addresses(
+        router=base + "router.sock",
+        prefill=base + "prefill.sock",
+        decode=base + "decode.sock",
+        detok=tuple(base + f"detok-{k}.sock" for k in range(detok_workers)),
+    )
+
+
+def load_config(path: str | None = None, overrides: dict[str, dict[str, Any]] | None = None):
+    """Read a TOML cluster file (optional) and apply per-section overrides (from flags)."""
+    raw: dict[str, Any] = {}
+    if path:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    for section, values in (overrides or {}).items():
+        raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
+    known_sections = {"model", "router", "lifecycle", "cluster", "addresses", "hosts"}
+    unknown = set(raw) - known_sections
+    if unknown:
+        raise ValueError(f"unknown section(s): {', '.join(sorted(unknown))}")
+    cluster = dict(raw.get("cluster", {}))
+    mode = cluster.pop("mode", "processes")
+    if mode not in ("processes", "threads"):
+        raise ValueError(f"cluster.mode must be 'processes' or 'threads', not {mode!r}")
+    detok_workers = int(cluster.pop("detok_workers", 2))
+    run_dir = cluster.pop("run_dir", "")
+    if cluster:
+        raise ValueError(f"unknown key(s) in [cluster]: {', '.join(sorted(cluster))}")
+    if not run_dir:
+        run_dir = tempfile.mkdtemp(prefix="splitserve-")
+    addr = raw.get("addresses")
+    if addr:
+        detok = tuple(addr.get("detok", ()))
+        addresses = Addresses(
+            router=addr["router"], prefill=addr["prefill"], decode=addr["decode"], detok=detok
+        )
+        detok_workers = len(detok)
+    else:
+        addresses = default_addresses(mode, run_dir, detok_workers)
+    if detok_workers < 1:
+        raise ValueError("at least one detok worker is needed")
+    model = _build(ModelConfig, raw.get("model", {}), "model")
+    if model.engine not in ("jax", "fake"):
+        raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
+    return ClusterConfig(
+        model=model,
+        router=_build(RouterConfig, raw.get("router", {}), "router"),
+        lifecycle=_build(LifecycleConfig, raw.get("lifecycle", {}), "lifecycle"),
+        addresses=addresses,
+        mode=mode,
+        detok_workers=detok_workers,
+        run_dir=run_dir,
+        hosts=dict(raw.get("hosts", {})),
+    )
+
+
+def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
+    """The inverse of config_from_dict, for handing a resolved config to child processes."""
+    assert config.addresses is not None
+    return {
+        "model": dataclasses.asdict(config.model),
+        "router": dataclasses.asdict(config.router),
+        "lifecycle": dataclasses.asdict(config.lifecycle),
+        "cluster": {"mode": config.mode, "run_dir": config.run_dir},
+        "addresses": {
+            "router": config.addresses.router,
+            "prefill": config.addresses.prefill,
+            "decode": config.addresses.decode,
+            "detok": list(config.addresses.detok),
+        },
+        "hosts": config.hosts,
+    }
+
+
+def bind_address(endpoint: str) -> str:
+    """Receivers bind on every interface for tcp (the config names the host senders reach)."""
+    if endpoint.startswith("tcp://"):
+        port = endpoint.rsplit(":", 1)[1]
+        return f"tcp://*:{port}"
+    return endpoint

@@ -1,0 +1,34 @@
+"""Engines behind one interface: the JAX Llama engine and the fake arithmetic engine."""
+
+from __future__ import annotations
+
+from splitserve.config import ModelConfig
+from splitserve.engine.interface import Engine
+
+
+def build_engine(model: ModelConfig, vocab_size: int) -> Engine:
+    """The engine a worker drives. vocab_size (the tokenizer's) sizes the fake engine only."""
+    if model.engine == "fake":
+        from splitserve.engine.fake import FakeEngine
+
+        return FakeEngine(
+            model.num_slots,
+            model.max_seq_len,
+            vocab_size,
+            step_s=model.fake_step_s,
+            prefill_s=model.fake_prefill_s,
+        )
+    from splitserve.engine.jax_engine import build_jax_engine
+    from splitserve.engine.jax_setup import enable_compilation_cache
+
+    if model.compile_cache_dir:
+        enable_compilation_cache(model.compile_cache_dir)
+    return build_jax_engine(resolve_model_path(model.path), model.num_slots, model.max_seq_len)
+
+
+def resolve_model_path(path: str) -> str:
+    if path == "default":
+        from splitserve.engine.default_model import default_model_path
+
+        return default_model_path()
+    return path

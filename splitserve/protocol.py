@@ -1,0 +1,299 @@
+"""Wire protocol: every message that crosses a process boundary, and nothing else.
+
+A message is one or more ZeroMQ frames. Frame 0 is a one-byte type code followed by a MessagePack
+array of the message's fields in declaration order (nested dataclasses as nested arrays). Large
+arrays (the KV cache of a Prefix) follow as extra frames, sent without copies and read back with
+np.frombuffer. No pickle anywhere: a frame that is not a known, well-formed message raises
+ProtocolError, which receivers count and log and never die of.
+
+PROTOCOL_VERSION is checked in the Ready handshake: the router refuses workers of another version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from splitserve.engine.interface import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+# TokenBatch.finishes codes: why a token ended its request (decided by prefill or decode).
+FINISH_NONE = 0
+FINISH_STOP_TOKEN = 1  # eos or a stop token id: its text is not part of the output
+FINISH_LENGTH = 2  # max_tokens or the context limit: the token's text is part of the output
+
+SOURCE_PREFILL = 0
+SOURCE_DECODE = 1
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a well-formed message of this protocol version."""
+
+
+# ---- parameters carried inside messages -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """Token-level finish rules, applied by the prefill worker (token 0) and the decode worker."""
+
+    max_tokens: int
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    eos_ids: list[int] = field(default_factory=list)  # the tokenizer's eos ids
+    stop_token_ids: list[int] = field(default_factory=list)  # the client's extra stop ids
+
+
+@dataclass(frozen=True)
+class DetokParams:
+    """How the pinned detok worker turns a request's tokens into text."""
+
+    skip_special_tokens: bool = True
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # stop strings are looked for only from this many output tokens on
+
+
+# ---- messages -----------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerateRequest:
+    """router -> prefill_worker: a tokenized request, stamped with its detok worker (hash ring)."""
+
+    request_id: str
+    detok_index: int
+    prompt: list[int]
+    sampling: SamplingParams
+    stop: StopCriteria
+    detok: DetokParams
+    logprobs: bool = False
+
+
+@dataclass
+class PrefixHeader:
+    """prefill_worker -> decode_worker: a prompt's KV cache (extra frames) and its first token."""
+
+    request_id: str
+    detok_index: int
+    length: int
+    first_token: int
+    first_logprob: float
+    sampling: SamplingParams
+    stop: StopCriteria
+    kv_meta: list[list[Any]]  # per extra frame: [dtype name, shape]
+
+
+@dataclass
+class OpenStream:
+    """Inside a TokenBatch from prefill: opens a request's stream at its detok worker."""
+
+    request_id: str
+    detok: DetokParams
+    logprobs: bool
+
+
+@dataclass
+class TokenBatch:
+    """prefill_worker or decode_worker -> detok_worker: tokens of one step, parallel lists.
+
+    The decode worker sends one per detok worker per step; seqs are output positions (0 = first).
+    """
+
+    source: int
+    step: int
+    request_ids: list[str]
+    seqs: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    finishes: list[int]
+    opens: list[OpenStream] = field(default_factory=list)
+
+
+@dataclass
+class TextDelta:
+    """Inside a TextBatch: new text of one request, with the tokens it came from."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str = ""  # "", "stop", "length"
+
+
+@dataclass
+class TextBatch:
+    """detok_worker -> router: text deltas of every request that moved, one message per pass."""
+
+    deltas: list[TextDelta]
+
+
+@dataclass
+class Abort:
+    """router -> prefill_worker, decode_worker, detok_worker: forget these requests now."""
+
+    request_ids: list[str]
+
+
+@dataclass
+class Finish:
+    """detok_worker -> decode_worker: these requests hit a stop string; free their slots."""
+
+    request_ids: list[str]
+
+
+@dataclass
+class RequestFailed:
+    """any worker -> router: these requests cannot complete (the message says why)."""
+
+    request_ids: list[str]
+    role: str
+    message: str
+
+
+@dataclass
+class Ready:
+    """worker -> router: warm-up is done; this worker serves protocol_version."""
+
+    role: str
+    index: int
+    protocol_version: int
+    pid: int
+    info: dict[str, Any]
+
+
+@dataclass
+class Heartbeat:
+    """worker -> router: alive, with load figures (free slots, queue lengths, step times...)."""
+
+    role: str
+    index: int
+    pid: int
+    load: dict[str, Any]
+
+
+MESSAGE_TYPES: dict[int, type] = {
+    1: GenerateRequest,
+    2: PrefixHeader,
+    3: TokenBatch,
+    4: TextBatch,
+    5: Abort,
+    6: Finish,
+    7: RequestFailed,
+    8: Ready,
+    9: Heartbeat,
+}
+TYPE_CODES = {cls: code for code, cls in MESSAGE_TYPES.items()}
+
+_NESTED = (SamplingParams, StopCriteria, DetokParams, OpenStream, TextDelta)
+
+
+def _to_wire(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return [_to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    if isinstance(obj, list | tuple):
+        return [_to_wire(x) for x in obj]
+    return obj
+
+
+_HINTS: dict[type, list[tuple[str, Any]]] = {}
+
+
+def _fields(cls: type) -> list[tuple[str, Any]]:
+    if cls not in _HINTS:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+    return _HINTS[cls]
+
+
+def _from_wire(cls: type, values: Any) -> Any:
+    if not isinstance(values, list):
+        raise ProtocolError(f"{cls.__name__}: expected an array, got {type(values).__name__}")
+    spec = _fields(cls)
+    required = sum(
+        1
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    if not required <= len(values) <= len(spec):
+        raise ProtocolError(f"{cls.__name__}: {len(values)} fields, expected {len(spec)}")
+    kwargs = {}
+    for (name, hint), value in zip(spec, values, strict=False):
+        kwargs[name] = _convert(hint, value, cls.__name__, name)
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, owner: str, name: str) -> Any:
+    if hint in _NESTED:
+        return _from_wire(hint, value)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{owner}.{name}: expected a list")
+        (item,) = typing.get_args(hint)
+        if item in _NESTED:
+            return [_from_wire(item, v) for v in value]
+        return value
+    simple = {int: int, float: (int, float), str: str, bool: bool}.get(hint)
+    if simple is not None and not isinstance(value, simple):
+        raise ProtocolError(f"{owner}.{name}: expected {hint.__name__}")
+    if hint is dict[str, Any] and not isinstance(value, dict):
+        raise ProtocolError(f"{owner}.{name}: expected a map")
+    return value
+
+
+def encode(msg: Any, arrays: list[np.ndarray] | None = None) -> list[Any]:
+    """Message -> frames. Arrays become extra frames (memoryviews: no copy on send)."""
+    code = TYPE_CODES[type(msg)]
+    frames: list[Any] = [bytes([code]) + msgpack.packb(_to_wire(msg), use_bin_type=True)]
+    for a in arrays or ():
+        frames.append(memoryview(np.ascontiguousarray(a)).cast("B"))
+    return frames
+
+
+def decode(frames: list[Any]) -> tuple[Any, list[Any]]:
+    """Frames -> (message, extra frames). Raises ProtocolError on anything malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    head = bytes(frames[0])
+    if not head:
+        raise ProtocolError("empty header frame")
+    cls = MESSAGE_TYPES.get(head[0])
+    if cls is None:
+        raise ProtocolError(f"unknown message type {head[0]}")
+    try:
+        body = msgpack.unpackb(head[1:], raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"undecodable {cls.__name__} body: {exc}") from exc
+    try:
+        msg = _from_wire(cls, body)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed {cls.__name__}: {exc}") from exc
+    return msg, list(frames[1:])
+
+
+def kv_meta(arrays: list[np.ndarray]) -> list[list[Any]]:
+    return [[a.dtype.str, list(a.shape)] for a in arrays]
+
+
+def arrays_from_frames(meta: list[list[Any]], frames: list[Any]) -> list[np.ndarray]:
+    """Rebuild KV arrays as read-only views over the received frames (no copy)."""
+    if len(meta) != len(frames):
+        raise ProtocolError(f"{len(frames)} array frames, header announces {len(meta)}")
+    arrays = []
+    for (dtype, shape), frame in zip(meta, frames, strict=True):
+        try:
+            dt = np.dtype(dtype)
+            if dt.kind not in "fiub":  # numbers only: never objects from the wire
+                raise ProtocolError(f"array dtype {dtype} is not numeric")
+            a = np.frombuffer(frame.buffer if hasattr(frame, "buffer") else frame, dt)
+            arrays.append(a.reshape(shape))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad array frame {dtype} {shape}: {exc}") from exc
+    return arrays

@@ -1,0 +1,64 @@
+"""The shared entry point of the worker roles: `python -m <role> --config FILE [--index K]`.
+
+Builds the configuration once, configures logging, turns SIGTERM / SIGINT into a drain (running
+requests finish, up to lifecycle.drain_timeout_s), and exits non-zero on a fatal error so that a
+supervisor restarts the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+import zmq
+
+from splitserve.config import load_config
+
+
+def configure_logging(role: str, index: int, level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s {role}[{index}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def parse_args(role: str, argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {role}_worker", description=f"splitserve {role}")
+    p.add_argument("--config", required=True, help="cluster TOML file")
+    p.add_argument("--index", type=int, default=0, help="which worker of this role")
+    p.add_argument("--log-level", default=os.environ.get("SPLITSERVE_LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
+    args = parse_args(role, argv)
+    configure_logging(role, args.index, args.log_level)
+    log = logging.getLogger(f"{role}_worker")
+    try:
+        config = load_config(args.config)
+    except (OSError, ValueError, KeyError) as exc:
+        log.error("bad configuration %s: %s", args.config, exc)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("signal %d: draining", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ctx = zmq.Context()
+    try:
+        worker = worker_cls(config, args.index, ctx, stop, dict(os.environ))
+        worker.run()
+    except Exception:
+        log.exception("fatal error; exiting so that the supervisor restarts this worker")
+        return 1
+    finally:
+        ctx.destroy(linger=0)
+    return 0

@@ -1,0 +1,19 @@
+"""Shared fixtures: small tokenizers made by the tests themselves (nothing from a model hub)."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitserve.tokenizers.synthetic import build_synthetic_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer_512(tmp_path_factory) -> str:
+    """A byte-level BPE tokenizer.json with exactly 512 ids (for the fake engine and test-tiny)."""
+    return build_synthetic_tokenizer(str(tmp_path_factory.mktemp("tok512")), 512)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_8000(tmp_path_factory) -> str:
+    """A byte-level BPE tokenizer.json with exactly 8,000 ids (the tiny-7m preset's vocabulary)."""
+    return build_synthetic_tokenizer(str(tmp_path_factory.mktemp("tok8000")), 8000)

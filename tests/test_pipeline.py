@@ -1,0 +1,188 @@
+"""End-to-end invariants of the pipeline with real processes (and threads), real ZeroMQ sockets and
+the fake engine: every stream equals the full decode, order holds under injected delays, finishes
+are right, aborts leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from router.requests import Overloaded, RequestParams
+from splitserve.tokenizers import load_tokenizer
+from tests.pipeline_util import expected_fake_tokens, make_config, pipeline, run, wait_for
+
+MODES = ["processes", "threads"]
+
+
+def _prompts(tok, n, seed=0):
+    rng = random.Random(seed)
+    words = ["hello", "world", "naïve", "東京", "🙂", "stream", "order", "token", "über", "data"]
+    return [tok.encode(" ".join(rng.choices(words, k=rng.randint(1, 12)))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_streamed_text_equals_full_decode(tokenizer_512, mode):
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(tokenizer_512, mode)
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            prompts = _prompts(tok, 40)
+            handles = []
+            for i, p in enumerate(prompts):
+                params = RequestParams(max_tokens=5 + (i * 7) % 60, ignore_eos=(i % 2 == 0))
+                handles.append((p, params, await core.submit(p, params)))
+            results = await asyncio.gather(*(h.finished() for _, _, h in handles))
+            for (prompt, params, _), (text, result) in zip(handles, results, strict=True):
+                tokens, reason = expected_fake_tokens(
+                    prompt, tok.vocab_size, params.max_tokens, tok.eos_ids, params.ignore_eos
+                )
+                visible = tokens[:-1] if reason == "stop" else tokens
+                assert text == tok.decode(visible, skip_special_tokens=True)
+                assert result.finish_reason == reason
+                assert result.completion_tokens == len(tokens)
+                assert result.prompt_tokens == len(prompt)
+
+    run(body())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_order_holds_when_first_token_is_delayed(tokenizer_512, mode):
+    """Token 0 reaches the detok worker ~15 decode steps after token 1; decode batches are also
+    delivered in swapped pairs. Every stream must still be complete and in order."""
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(tokenizer_512, mode, model={"fake_step_s": 0.02})
+    faults = {"SPLITSERVE_FAULTS": "prefill_to_detok_delay=0.3,decode_to_detok_reorder=1"}
+    import os
+
+    env = {**os.environ, **faults}
+
+    async def body():
+        async with pipeline(config, env=env) as (core, _):
+            prompts = _prompts(tok, 12, seed=1)
+            params = RequestParams(max_tokens=40, ignore_eos=True)
+            handles = [await core.submit(p, params) for p in prompts]
+            seen = {h.request_id: [] for h in handles}
+
+            async def collect(h):
+                async for d in h:
+                    seen[h.request_id].extend(d.token_ids)
+                return h.result
+
+            results = await asyncio.gather(*(collect(h) for h in handles))
+            for p, h, r in zip(prompts, handles, results, strict=True):
+                tokens, _ = expected_fake_tokens(p, tok.vocab_size, 40, ignore_eos=True)
+                assert seen[h.request_id] == tokens  # every token, in order
+                assert r.finish_reason == "length"
+
+    run(body())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_string_ends_stream_and_frees_slot(tokenizer_512, mode):
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(tokenizer_512, mode)
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            prompt = _prompts(tok, 1, seed=3)[0]
+            tokens, _ = expected_fake_tokens(prompt, tok.vocab_size, 200, ignore_eos=True)
+            full = tok.decode(tokens, skip_special_tokens=True)
+            stop = full[len(full) // 2 : len(full) // 2 + 3]  # some text spanning tokens
+            assert stop.strip()
+            for include in (False, True):
+                params = RequestParams(
+                    max_tokens=200, ignore_eos=True, stop=(stop,), include_stop_str_in_output=include
+                )
+                text, result = await (await core.submit(prompt, params)).finished()
+                cut = full.index(stop)
+                assert text == full[: cut + (len(stop) if include else 0)]
+                assert result.finish_reason == "stop"
+                assert result.completion_tokens < 200
+            decode = core.workers.get("decode", 0)
+            await wait_for(
+                lambda: decode.load.get("free_slots") == config.model.num_slots, 5, "slots freed"
+            )
+
+    run(body())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_abort_at_random_points_leaves_nothing_behind(tokenizer_512, mode):
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(
+        tokenizer_512,
+        mode,
+        model={"fake_step_s": 0.001, "num_slots": 16},
+        router={"max_running": 64, "max_queued": 2000},
+        lifecycle={"state_ttl_s": 1.0, "heartbeat_interval_s": 0.1, "liveness_timeout_s": 2.0},
+    )
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            rng = random.Random(7)
+            prompts = _prompts(tok, 50, seed=4)
+
+            async def one(i):
+                params = RequestParams(max_tokens=rng.randint(1, 80), ignore_eos=True)
+                h = await core.submit(prompts[i % len(prompts)], params)
+                wait_tokens = rng.randint(0, 30)
+                async for _ in h:
+                    wait_tokens -= 1
+                    if wait_tokens <= 0:
+                        break
+                h.abort()
+                return h.result
+
+            results = await asyncio.gather(*(one(i) for i in range(1000)))
+            assert all(r.finish_reason in ("abort", "length") for r in results)
+            assert sum(r.finish_reason == "abort" for r in results) > 500
+            assert core.running == 0 and not core.requests and not core.waiters
+
+            def clean():
+                for w in core.workers.workers.values():
+                    load = w.load
+                    if w.role == "decode" and (
+                        load.get("free_slots") != 16 or load.get("pending") or load.get("tombstones")
+                    ):
+                        return False
+                    if w.role == "prefill" and load.get("queue"):
+                        return False
+                    if w.role == "detok" and (
+                        load.get("streams") or load.get("early") or load.get("tombstones")
+                    ):
+                        return False
+                return True
+
+            # tombstones expire after state_ttl_s; everything else must already be gone
+            await wait_for(clean, 10, "every slot free and no per-request state left")
+
+    run(body(), timeout_s=300)
+
+
+def test_overload_is_refused_clearly(tokenizer_512):
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(
+        tokenizer_512,
+        "threads",
+        model={"fake_step_s": 0.01},
+        router={"max_running": 2, "max_queued": 1, "queue_timeout_s": 5.0},
+    )
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            prompt = _prompts(tok, 1)[0]
+            params = RequestParams(max_tokens=100, ignore_eos=True)
+            running = [await core.submit(prompt, params) for _ in range(2)]
+            queued = asyncio.create_task(core.submit(prompt, params))
+            await asyncio.sleep(0.1)
+            with pytest.raises(Overloaded):
+                await core.submit(prompt, params)
+            for h in running:
+                await h.finished()
+            text, result = await (await queued).finished()
+            assert result.finish_reason == "length"
+
+    run(body())

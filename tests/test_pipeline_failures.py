@@ -1,0 +1,114 @@
+"""Failure behaviour with real processes: a SIGKILLed worker ends the requests that depended on it
+with an error in bounded time, new requests avoid a dead detok worker, and a restarted worker
+resumes service without restarting the others. Malformed wire messages are counted, never fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import zmq
+
+from router.requests import NotReady, RequestParams
+from splitserve.tokenizers import load_tokenizer
+from tests.pipeline_util import make_config, pipeline, run, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+async def _stream_all(handles):
+    return await asyncio.gather(*(h.finished() for h in handles))
+
+
+@pytest.mark.parametrize("role", ["detok", "decode", "prefill"])
+def test_killed_worker_fails_its_requests_then_service_resumes(tokenizer_512, role):
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(
+        tokenizer_512,
+        model={"fake_step_s": 0.02, "fake_prefill_s": 0.05 if role == "prefill" else 0.0},
+    )
+    prompt = tok.encode("hello world")
+
+    async def body():
+        async with pipeline(config) as (core, stack):
+            params = RequestParams(max_tokens=400, ignore_eos=True)
+            handles = [await core.submit(prompt, params) for _ in range(8)]
+            await asyncio.sleep(0.3)  # mid-stream (prefill: most still queued there)
+            victims = [h for h in handles if role != "detok" or h.detok_index == 0]
+            killed_at = time.monotonic()
+            stack.kill(role, 0)
+            results = await _stream_all(handles)
+            ended = time.monotonic() - killed_at
+            for h, (_, r) in zip(handles, results, strict=True):
+                if h in victims and (role != "prefill" or r.completion_tokens == 0):
+                    assert r.finish_reason == "error", (h.request_id, r)
+                    assert f"{role} worker 0 died" in r.error
+                else:
+                    assert r.finish_reason in ("length", "error")
+            assert ended < 5.0, f"requests took {ended:.1f}s to end after the kill"
+
+            if role == "detok":  # new requests go to the live detok worker only
+                for _ in range(6):
+                    h = await core.submit(prompt, RequestParams(max_tokens=5))
+                    assert h.detok_index == 1
+                    _, r = await h.finished()
+                    assert r.finish_reason in ("stop", "length")
+            else:  # no full pipeline: refused at once
+                await wait_for(lambda: not core.is_ready(), 5, "pipeline not ready")
+                with pytest.raises(NotReady):
+                    await core.submit(prompt, RequestParams(max_tokens=5))
+
+            others = {c.popen.pid for k, c in stack.children.items() if k != (role, 0)}
+            stack.restart(role, 0)
+            await wait_for(
+                lambda: core.is_ready() and len(core.workers.live_detoks()) == 2, 60, "recovery"
+            )
+            handles = [await core.submit(prompt, RequestParams(max_tokens=20)) for _ in range(8)]
+            for _, r in await _stream_all(handles):
+                assert r.finish_reason in ("stop", "length")
+            assert others == {c.popen.pid for k, c in stack.children.items() if k != (role, 0)}
+            assert {h.detok_index for h in handles} == {0, 1} or role != "detok"
+
+    run(body(), timeout_s=180)
+
+
+def test_malformed_messages_are_counted_not_fatal(tokenizer_512):
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(tokenizer_512)
+    garbage = [
+        [b""],
+        [b"\xff"],
+        [b"\x01not msgpack"],
+        [b"\x01\x93\x01\x02\x03"],  # a GenerateRequest with three fields of the wrong types
+        [b"\x03\x98\x01\x02\x91\xa1x\x91\x01\x91\x01\x91\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x91\x00"],
+        [b"\x02" + b"\x98" + b"\xa1x" * 8, b"junk frame"],
+    ]
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            ctx = zmq.Context()
+            try:
+                a = config.addresses
+                for endpoint in [a.prefill, a.decode, *a.detok]:
+                    s = ctx.socket(zmq.PUSH)
+                    s.setsockopt(zmq.LINGER, 0)
+                    s.connect(endpoint)
+                    for frames in garbage:
+                        s.send_multipart(frames)
+                    s.close(linger=1000)
+            finally:
+                ctx.term()
+
+            def counted():
+                return all(
+                    w.load.get("transport", {}).get("malformed", 0) >= 4
+                    for w in core.workers.workers.values()
+                )
+
+            await wait_for(counted, 10, "malformed messages counted by every worker")
+            text, r = await (await core.submit(tok.encode("still serving"), RequestParams())).finished()
+            assert r.finish_reason in ("stop", "length")
+            assert core.is_ready()
+
+    run(body())
