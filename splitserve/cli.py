@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s"
+    )
     if args.command == "serve":
         return serve(args)
     from splitserve.bench.__main__ import main as bench_main

@@ -2,13 +2,13 @@
 
 ProcessStack spawns `python -m <role> --config FILE --index K` per role, each child in its own
 session (so that a terminal's Ctrl-C reaches only the launcher, which then stops the children in
-order) and with a parent-death signal (so that no child outlives a launcher that was killed).
+order); each child asks for a parent-death signal itself (procutil), so that none outlives a
+launcher that was killed.
 ThreadStack runs the same worker classes as threads over inproc sockets in this process.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -23,6 +23,7 @@ import zmq
 
 from splitserve import tomlwrite
 from splitserve.config import ClusterConfig, config_to_dict
+from splitserve.procutil import CPUS_ENV, PARENT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ ROLE_MODULES = {
     "detok": "detok_worker",
 }
 WORKER_ROLES = ("prefill", "decode", "detok")
-PR_SET_PDEATHSIG = 1
 
 
 def write_config(config: ClusterConfig, path: str | None = None) -> str:
@@ -50,18 +50,6 @@ def role_instances(config: ClusterConfig, roles: Iterable[str]) -> list[tuple[st
         count = config.detok_count if role == "detok" else 1
         out.extend((role, i) for i in range(count))
     return out
-
-
-def _child_setup(cpus: list[int] | None):
-    def setup() -> None:
-        try:  # die with the launcher (Linux only; harmless elsewhere)
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    return setup
 
 
 @dataclass
@@ -110,14 +98,16 @@ class ProcessStack:
             os.makedirs(self.log_dir, exist_ok=True)
             log_path = os.path.join(self.log_dir, f"{role}-{index}.log")
             out = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        env = {**self.env, PARENT_ENV: str(os.getpid())}
+        if self.cpus.get(role):
+            env[CPUS_ENV] = ",".join(str(c) for c in self.cpus[role])
         popen = subprocess.Popen(
             cmd,
-            env=self.env,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_child_setup(self.cpus.get(role)),
+            start_new_session=True,  # a terminal's Ctrl-C reaches the launcher only
         )
         if out:
             out.close()
@@ -147,7 +137,10 @@ class ProcessStack:
         """SIGTERM the router first (it drains), then the workers; SIGKILL what is left."""
         order = sorted(self.children.values(), key=lambda c: c.role != "router")
         deadline = time.monotonic() + timeout_s
-        for group in ([c for c in order if c.role == "router"], [c for c in order if c.role != "router"]):
+        for group in (
+            [c for c in order if c.role == "router"],
+            [c for c in order if c.role != "router"],
+        ):
             for c in group:
                 if c.popen.poll() is None:
                     c.popen.send_signal(signal.SIGTERM)
@@ -192,7 +185,9 @@ class ThreadStack:
             for role, index in role_instances(self.config, WORKER_ROLES)
         ]
         for w in workers:
-            t = threading.Thread(target=self._run, args=(w,), name=f"{w.role}-{w.index}", daemon=True)
+            t = threading.Thread(
+                target=self._run, args=(w,), name=f"{w.role}-{w.index}", daemon=True
+            )
             t.start()
             self.threads.append(t)
         return self

@@ -17,6 +17,7 @@ import threading
 import zmq
 
 from splitserve.config import load_config
+from splitserve.procutil import die_with_parent, pin_cpus
 
 
 def configure_logging(role: str, index: int, level: str) -> None:
@@ -39,6 +40,8 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     args = parse_args(role, argv)
     configure_logging(role, args.index, args.log_level)
     log = logging.getLogger(f"{role}_worker")
+    die_with_parent(os.environ)
+    pin_cpus(os.environ)
     try:
         config = load_config(args.config)
     except (OSError, ValueError, KeyError) as exc:

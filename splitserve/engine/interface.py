@@ -32,7 +32,8 @@ class SamplingParams:
 class Prefix:
     """A prompt's KV cache (true length) and the first sampled token (output position 0)."""
 
-    kv: list[np.ndarray]  # engine-defined arrays, e.g. k and v each [layers, length, kv_heads, head_dim]
+    # engine-defined arrays, e.g. k and v each [layers, length, kv_heads, head_dim]
+    kv: list[np.ndarray]
     length: int  # prompt tokens covered by kv
     first_token: int
     first_logprob: float
