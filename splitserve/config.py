@@ -150,9 +150,9 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     run_dir = cluster.pop("run_dir", "")
     if cluster:
         raise ValueError(f"unknown key(s) in [cluster]: {', '.join(sorted(cluster))}")
-    if not run_dir:
-        run_dir = tempfile.mkdtemp(prefix="splitserve-")
     addr = raw.get("addresses")
+    if not run_dir and not addr:  # ipc sockets (or inproc names) need a home of their own
+        run_dir = tempfile.mkdtemp(prefix="splitserve-")
     if addr:
         detok = tuple(addr.get("detok", ()))
         addresses = Addresses(

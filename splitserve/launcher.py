@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -37,7 +38,9 @@ WORKER_ROLES = ("prefill", "decode", "detok")
 
 
 def write_config(config: ClusterConfig, path: str | None = None) -> str:
-    path = path or os.path.join(config.run_dir, "cluster.toml")
+    path = path or os.path.join(
+        config.run_dir or tempfile.mkdtemp(prefix="splitserve-"), "cluster.toml"
+    )
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
         fh.write(tomlwrite.dumps(config_to_dict(config)))

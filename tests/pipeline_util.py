@@ -17,7 +17,9 @@ from splitserve.launcher import WORKER_ROLES, ProcessStack, ThreadStack
 from splitserve.tokenizers import load_tokenizer
 
 
-def make_config(tokenizer: str, mode: str = "processes", **sections: dict[str, Any]) -> ClusterConfig:
+def make_config(
+    tokenizer: str, mode: str = "processes", **sections: dict[str, Any]
+) -> ClusterConfig:
     raw: dict[str, Any] = {
         "model": {"engine": "fake", "tokenizer": tokenizer, "num_slots": 8, "max_seq_len": 512},
         "cluster": {"mode": mode, "detok_workers": 2},

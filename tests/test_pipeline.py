@@ -94,7 +94,10 @@ def test_stop_string_ends_stream_and_frees_slot(tokenizer_512, mode):
             assert stop.strip()
             for include in (False, True):
                 params = RequestParams(
-                    max_tokens=200, ignore_eos=True, stop=(stop,), include_stop_str_in_output=include
+                    max_tokens=200,
+                    ignore_eos=True,
+                    stop=(stop,),
+                    include_stop_str_in_output=include,
                 )
                 text, result = await (await core.submit(prompt, params)).finished()
                 cut = full.index(stop)
@@ -145,7 +148,9 @@ def test_abort_at_random_points_leaves_nothing_behind(tokenizer_512, mode):
                 for w in core.workers.workers.values():
                     load = w.load
                     if w.role == "decode" and (
-                        load.get("free_slots") != 16 or load.get("pending") or load.get("tombstones")
+                        load.get("free_slots") != 16
+                        or load.get("pending")
+                        or load.get("tombstones")
                     ):
                         return False
                     if w.role == "prefill" and load.get("queue"):
