@@ -1,0 +1,85 @@
+"""`splitserve serve` starts the whole local stack, says where it listens, and on Ctrl-C (SIGINT)
+or SIGTERM stops every child cleanly: no process of the stack is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children_of(pid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.add(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is dead, just not reaped yet
+        return fh.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("mode", ["processes", "threads"])
+def test_serve_starts_stack_and_stops_every_child(tokenizer_512, sig, mode):
+    port = free_port()
+    cmd = [sys.executable, "-m", "splitserve", "serve", "--engine", "fake", "--mode", mode]
+    cmd += ["--tokenizer", tokenizer_512, "--port", str(port), "--ready-timeout", "120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, f"serve exited early: {lines}"
+            lines.append(line)
+            if "ready on" in line:
+                break
+        assert f"http://127.0.0.1:{port}" in lines[-1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            health = json.loads(resp.read())
+        pids = {w["pid"] for w in health["workers"]}
+        assert len(pids) == (4 if mode == "processes" else 1)
+        pids |= children_of(proc.pid)  # the router process too
+        assert len(pids) == (5 if mode == "processes" else 1)
+        body = json.dumps({"prompt": "hello", "max_tokens": 4}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["usage"]["completion_tokens"] == 4
+
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 10
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if pid_alive(p)], "orphaned stack processes"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
