@@ -76,6 +76,8 @@ class DecodeWorker(WorkerLoop):
         self.step_time = Histogram()
         self.step_gap = Histogram()  # start-to-start time of consecutive busy steps
         self.steps = 0
+        self.batches_sent = 0  # TokenBatches to detok workers: at most one per detok per step
+        self.tokens_sent = 0
         self._last_step_start: float | None = None
         self.failed_inserts = 0
 
@@ -197,6 +199,8 @@ class DecodeWorker(WorkerLoop):
                 self.engine.free(slot)
         for detok_index, batch in batches.items():
             self.detoks[detok_index].send(batch)
+        self.batches_sent += len(batches)
+        self.tokens_sent += sum(len(b.tokens) for b in batches.values())
         self.step_time.observe(time.perf_counter() - start)
 
     # ---- lifecycle ----
@@ -207,6 +211,8 @@ class DecodeWorker(WorkerLoop):
             "live": len(self.slot_of),
             "pending": len(self.pending),
             "steps": self.steps,
+            "batches_sent": self.batches_sent,
+            "tokens_sent": self.tokens_sent,
             "step_time": self.step_time.snapshot(),
             "step_gap": self.step_gap.snapshot(),
             "tombstones": len(self.gone),
