@@ -1,0 +1,214 @@
+"""Two hosts for real: two Linux network namespaces joined by a veth pair, deploy/launch.sh run in
+each (prefill-host: router + prefill; decode-host: decode + the detok pool), completions streamed
+through the router. The KV cache and the tokens cross between the two network stacks. Then the
+link is cut mid-stream: requests end with an error in bounded time, and service resumes when the
+link comes back. Needs root (CI runs as root); installs iproute2 when `ip` is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBNET = "10.213.7"
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+
+def _ensure_ip() -> None:
+    if shutil.which("ip"):
+        return
+    _sh("apt-get", "update")
+    subprocess.run(
+        ["apt-get", "install", "-y", "--no-install-recommends", "iproute2"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
+
+
+class TwoHosts:
+    """Namespaces p (prefill host, SUBNET.1) and d (decode host, SUBNET.2) on one veth link."""
+
+    def __init__(self) -> None:
+        tag = str(os.getpid() % 100000)
+        self.ns = {"p": f"ssp{tag}", "d": f"ssd{tag}"}
+        self.veth = {"p": f"vp{tag}", "d": f"vd{tag}"}
+        for ns in self.ns.values():
+            _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", self.veth["p"], "type", "veth", "peer", "name", self.veth["d"])
+        for side, last in (("p", 1), ("d", 2)):
+            ns, veth = self.ns[side], self.veth[side]
+            _sh("ip", "link", "set", veth, "netns", ns)
+            _sh("ip", "-n", ns, "addr", "add", f"{SUBNET}.{last}/24", "dev", veth)
+            _sh("ip", "-n", ns, "link", "set", veth, "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def link(self, up: bool) -> None:
+        _sh("ip", "-n", self.ns["d"], "link", "set", self.veth["d"], "up" if up else "down")
+
+    def popen(self, side: str, cmd: list[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", self.ns[side], *cmd], **kw)
+
+    def run(self, side: str, cmd: list[str], timeout: float) -> str:
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.ns[side], *cmd],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return out.stdout
+
+    def close(self) -> None:
+        for ns in self.ns.values():
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            for pid in pids.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _cluster(tokenizer: str) -> str:
+    return f"""
+[model]
+engine = "jax"
+path = "random:test-tiny"
+tokenizer = "{tokenizer}"
+num_slots = 4
+max_seq_len = 1024
+
+[router]
+host = "{SUBNET}.1"
+port = 8000
+
+[lifecycle]
+heartbeat_interval_s = 0.2
+liveness_timeout_s = 1.5
+
+[addresses]
+router = "tcp://{SUBNET}.1:5550"
+prefill = "tcp://{SUBNET}.1:5551"
+decode = "tcp://{SUBNET}.2:5552"
+detok = ["tcp://{SUBNET}.2:5560", "tcp://{SUBNET}.2:5561"]
+
+[hosts.prefill-host]
+roles = ["router", "prefill"]
+
+[hosts.decode-host]
+roles = ["decode", "detok"]
+"""
+
+
+def _wait_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"launcher exited: {seen[-5:]}")
+        seen.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"no {needle!r} within {timeout_s}s")
+
+
+@pytest.fixture
+def two_hosts():
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (CI runs as root)")
+    _ensure_ip()
+    hosts = TwoHosts()
+    try:
+        yield hosts
+    finally:
+        hosts.close()
+
+
+def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path):
+    conf = tmp_path / "two-hosts.toml"
+    conf.write_text(_cluster(tokenizer_512))
+    env = {**os.environ, "SPLITSERVE_PYTHON": sys.executable}
+    launchers = {}
+    client = [sys.executable, os.path.join(ROOT, "tests", "sse_client.py")]
+    client += ["--url", f"http://{SUBNET}.1:8000"]
+
+    def stream(n: int, max_tokens: int, timeout: float = 120) -> list[dict]:
+        out = two_hosts.run("p", [*client, "--requests", str(n), "--max-tokens", str(max_tokens)],
+                            timeout)  # fmt: skip
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+    try:
+        for side, host in (("p", "prefill-host"), ("d", "decode-host")):
+            cmd = [os.path.join(ROOT, "deploy", "launch.sh"), host, str(conf)]
+            cmd += ["--log-dir", str(tmp_path / host)]
+            launchers[side] = two_hosts.popen(
+                side, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        for side, host in (("p", "prefill-host"), ("d", "decode-host")):
+            _wait_line(launchers[side], f"host {host} ready", 300)
+
+        results = stream(6, 24)
+        assert len(results) == 6
+        assert all(r["finish_reason"] == "length" and r["tokens"] == 24 for r in results), results
+
+        # cut the link while streams are running
+        load = two_hosts.popen(
+            "p", [*client, "--requests", "12", "--max-tokens", "1000"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.5)
+        cut_at = time.time()
+        two_hosts.link(False)
+        out, _ = load.communicate(timeout=120)
+        cut = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert len(cut) == 12
+        errors = [r for r in cut if r["finish_reason"] == "error"]
+        assert errors, cut
+        for r in cut:
+            if r["finish_reason"] == "error":
+                assert r["ended_at"] - cut_at < 6.0, r
+            else:  # complete before the cut (margin: delivery to the client)
+                assert r["finish_reason"] == "length" and r["ended_at"] < cut_at + 0.5, r
+        two_hosts.link(True)
+        deadline = time.monotonic() + 60
+        while True:
+            again = stream(2, 16, timeout=60)
+            if all(r.get("finish_reason") == "length" for r in again):
+                break
+            assert time.monotonic() < deadline, f"service did not resume: {again}"
+            time.sleep(1.0)
+        results = stream(6, 24)
+        assert all(r["finish_reason"] == "length" and r["tokens"] == 24 for r in results), results
+
+        # SIGTERM stops each host's processes, leaving nothing running in either namespace
+        for proc in launchers.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in launchers.values():
+            assert proc.wait(timeout=60) == 0
+        for ns in two_hosts.ns.values():
+            left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            assert not left.stdout.split(), f"processes left in {ns}"
+    finally:
+        for proc in launchers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in launchers.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
