@@ -83,3 +83,37 @@ def test_serve_starts_stack_and_stops_every_child(tokenizer_512, sig, mode):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigterm_lets_running_requests_finish(tokenizer_512, tmp_path):
+    """A request streaming when the stack gets SIGTERM completes normally, then everything exits."""
+    from tests.sse_client import stream_completion
+
+    port = free_port()
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(
+        f'[model]\nengine = "fake"\ntokenizer = "{tokenizer_512}"\nfake_step_s = 0.01\n'
+        f"[router]\nport = {port}\n[lifecycle]\ndrain_timeout_s = 20.0\n"
+    )
+    cmd = [sys.executable, "-m", "splitserve", "serve", "--config", str(conf)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "ready on" not in proc.stdout.readline():
+            assert time.monotonic() < deadline and proc.poll() is None
+        import threading
+
+        result = {}
+        t = threading.Thread(
+            target=lambda: result.update(stream_completion(f"http://127.0.0.1:{port}", "hi", 300))
+        )
+        t.start()
+        time.sleep(0.5)  # about 50 of 300 tokens in
+        proc.send_signal(signal.SIGTERM)
+        t.join(timeout=60)
+        assert result["finish_reason"] == "length" and result["tokens"] == 300, result
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
