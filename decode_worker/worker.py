@@ -71,7 +71,8 @@ class DecodeWorker(WorkerLoop):
         self.slots: list[Slot | None] = [None] * self.engine.num_slots
         self.slot_of: dict[str, int] = {}
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
-        self.max_pending = 4 * self.engine.num_slots
+        # the router admits at most max_running requests, so this bound is never hit in service
+        self.max_pending = max(4 * self.engine.num_slots, config.router.max_running)
         self.gone = Tombstones(config.lifecycle.state_ttl_s)
         self.step_time = Histogram()
         self.step_gap = Histogram()  # start-to-start time of consecutive busy steps

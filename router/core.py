@@ -51,6 +51,7 @@ from splitserve.protocol import (
     StopCriteria,
     TextBatch,
 )
+from splitserve.tombstones import Tombstones
 from splitserve.transport import SEND_HWM, Counters
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class RouterCore:
         self.workers = WorkerTable(config.detok_count, config.lifecycle.liveness_timeout_s)
         self.ring = HashRing([])
         self.requests: dict[str, RequestHandle] = {}
+        self.recent_ids = Tombstones(config.lifecycle.state_ttl_s)  # ended, still tombstoned
         self.waiters: deque[asyncio.Future] = deque()
         self.running = 0
         self.accepting = True
@@ -159,14 +161,19 @@ class RouterCore:
         rid = request_id or f"req-{uuid.uuid4().hex}"
         if rid in self.requests:
             raise InvalidRequest(f"request id {rid!r} is already in flight", "request_id")
+        self.recent_ids.prune()
+        if rid in self.recent_ids:  # workers drop messages of recently ended ids for a while
+            raise InvalidRequest(f"request id {rid!r} was used moments ago", "request_id")
         if not self.is_ready():
             self.metrics.rejected.labels("not_ready").inc()
             raise NotReady("no full pipeline is ready" if self.accepting else "shutting down")
-        if self.running >= self.config.router.max_running:
-            await self._wait_for_admission()
+        if self.running >= self.config.router.max_running or self.waiters:
+            await self._wait_for_admission()  # returns holding an admission slot
             if not self.is_ready():
+                self._release_admission()
                 raise NotReady("the pipeline went down while the request was queued")
-        self.running += 1
+        else:
+            self.running += 1
         now = time.monotonic()
         detok_index = self.ring.lookup(rid)
         handle = RequestHandle(
@@ -240,19 +247,27 @@ class RouterCore:
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
         try:
-            await asyncio.wait_for(fut, self.config.router.queue_timeout_s)
-        except TimeoutError:
-            self.metrics.rejected.labels("queue_timeout").inc()
-            raise Overloaded("timed out waiting for a free slot: try again later") from None
+            await asyncio.wait_for(asyncio.shield(fut), self.config.router.queue_timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._release_admission()  # granted just now: hand the slot to the next waiter
+            elif not fut.done():
+                fut.cancel()
+            if isinstance(exc, TimeoutError):
+                self.metrics.rejected.labels("queue_timeout").inc()
+                raise Overloaded("timed out waiting for a free slot: try again later") from None
+            raise
         finally:
             if fut in self.waiters:
                 self.waiters.remove(fut)
 
     def _release_admission(self) -> None:
+        """Give an admission slot back; the longest waiter, if any, gets it at once."""
         self.running -= 1
         while self.waiters:
             fut = self.waiters.popleft()
             if not fut.done():
+                self.running += 1  # counted at grant time, so no newcomer can take it first
                 fut.set_result(None)
                 return
 
@@ -262,6 +277,7 @@ class RouterCore:
             return
         handle.end(finish_reason, error)
         self.requests.pop(handle.request_id, None)
+        self.recent_ids.add(handle.request_id)
         self._release_admission()
         self.metrics.ended(handle, time.monotonic())
         if finish_reason in ("abort", "error"):
@@ -365,6 +381,7 @@ class RouterCore:
                 self._worker_lost(w)
             self._refresh_ring()
             self._expire_requests()
+            self.recent_ids.prune()
 
     def _worker_lost(self, w: WorkerState) -> None:
         """End every request that depended on worker w."""

@@ -145,6 +145,8 @@ def test_abort_at_random_points_leaves_nothing_behind(tokenizer_512, mode):
             assert core.running == 0 and not core.requests and not core.waiters
 
             def clean():
+                if len(core.recent_ids):
+                    return False
                 for w in core.workers.workers.values():
                     load = w.load
                     if w.role == "decode" and (
@@ -189,5 +191,56 @@ def test_overload_is_refused_clearly(tokenizer_512):
                 await h.finished()
             text, result = await (await queued).finished()
             assert result.finish_reason == "length"
+
+    run(body())
+
+
+def _fake_run(prompt, vocab, n):
+    tokens, _ = expected_fake_tokens(prompt, vocab, n, ignore_eos=True)
+    return tokens
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_token_level_finishes(tokenizer_512, mode):
+    """eos, stop_token_ids, min_tokens and ignore_eos, against the fake engine's arithmetic."""
+    tok = load_tokenizer(tokenizer_512)
+    vocab = tok.vocab_size
+    (eos,) = sorted(tok.eos_ids)[:1]
+    config = make_config(tokenizer_512, mode)
+    # the fake engine's first token is 2 * sum(prompt) mod vocab: this prompt's is eos (id 0)
+    eos_prompt = [vocab // 2]
+    assert eos in tok.eos_ids and _fake_run(eos_prompt, vocab, 1) == [0] and eos == 0
+    eos_at = 0
+    prompt = tok.encode("stop tokens are tokens")
+    plain = _fake_run(prompt, vocab, 40)
+    stop_id = plain[5]
+    first_stop = plain.index(stop_id)
+
+    async def body():
+        async with pipeline(config) as (core, _):
+
+            async def gen(p, **kw):
+                h = await core.submit(p, RequestParams(**kw))
+                ids = []
+                async for d in h:
+                    ids.extend(d.token_ids)
+                return ids, h.result
+
+            ids, r = await gen(eos_prompt, max_tokens=30)
+            assert r.finish_reason == "stop" and ids == _fake_run(eos_prompt, vocab, eos_at + 1)
+            ids, r = await gen(eos_prompt, max_tokens=30, ignore_eos=True)
+            assert r.finish_reason == "length" and len(ids) == 30
+            ids, r = await gen(eos_prompt, max_tokens=30, min_tokens=eos_at + 2)
+            assert r.finish_reason == "length" and len(ids) == 30  # eos before min_tokens: ignored
+
+            text_ids = _fake_run(prompt, vocab, first_stop + 1)
+            h = await core.submit(prompt, RequestParams(max_tokens=40, stop_token_ids=(stop_id,)))
+            text, r = await h.finished()
+            assert r.finish_reason == "stop" and r.completion_tokens == first_stop + 1
+            assert text == tok.decode(text_ids[:-1])  # the stop token's text is not output
+            ids, r = await gen(prompt, max_tokens=40, stop_token_ids=(stop_id,), ignore_eos=True)
+            assert r.finish_reason == "stop"  # ignore_eos never disables the client's stop ids
+            ids, r = await gen(prompt, max_tokens=1)
+            assert r.finish_reason == "length" and ids == plain[:1]  # finished at prefill
 
     run(body())

@@ -1,0 +1,140 @@
+"""The router process: `python -m router --config FILE [--log-level LEVEL]`.
+
+A request's path through this process (one asyncio event loop serves HTTP and the ZeroMQ sockets):
+ 1. uvicorn accepts the connection; the middleware reads or makes the X-Request-Id, checks the API
+    key and bounds the body size (router/http/app.py).
+ 2. The endpoint validates the body (pydantic, router/http/schemas.py), renders the chat template
+    for chat requests, and tokenizes the prompt.
+ 3. One core request per choice is submitted under the request id (`<id>-<i>` when there are
+    several): the core validates, admits or refuses (400 / 429 / 503), picks the detok worker on
+    the hash ring and sends the request to the prefill worker (router/core.py).
+ 4. Text deltas come back from the detok workers through the core's reader task; the endpoint
+    merges the choices' deltas into SSE chunks, or into one JSON response when not streaming.
+ 5. A client that disconnects gets its requests aborted, which frees their slots in every worker.
+ 6. On SIGTERM the core stops admitting, running requests finish for up to
+    lifecycle.drain_timeout_s, and the process exits; a second signal exits at once.
+
+In threads mode (cluster.mode = "threads") this one process also runs every worker role as a
+thread (ThreadStack), over inproc sockets of the context it shares with the core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+import uvicorn
+
+from router.core import RouterCore
+from router.http import build_app
+from splitserve.config import ClusterConfig, load_config
+from splitserve.launcher import ThreadStack
+from splitserve.procutil import die_with_parent, pin_cpus
+from splitserve.role_main import configure_logging
+from splitserve.tokenizer_path import tokenizer_path
+from splitserve.tokenizers import Tokenizer, load_tokenizer
+
+log = logging.getLogger("router")
+
+SHUTDOWN_GRACE_S = 5.0  # after the drain: for responses still being written
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM / SIGINT turned into a drain of the core before the server stops."""
+
+    def __init__(self, config: uvicorn.Config, core: RouterCore, drain_timeout_s: float):
+        super().__init__(config)
+        self.core = core
+        self.drain_timeout_s = drain_timeout_s
+        self.draining: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def on_signal(self, sig: int) -> None:
+        if self.draining is None:
+            log.info("signal %d: draining for up to %.0f s", sig, self.drain_timeout_s)
+            self.draining = asyncio.get_running_loop().create_task(self.drain())
+        else:
+            log.warning("signal %d again: exiting now", sig)
+            self.should_exit = True
+            self.force_exit = True
+
+    async def drain(self) -> None:
+        try:
+            await self.core.drain(self.drain_timeout_s)
+        finally:
+            self.should_exit = True
+
+
+async def serve(config: ClusterConfig, tokenizer: Tokenizer) -> None:
+    stack = ThreadStack(config).start() if config.mode == "threads" else None
+    core = RouterCore(
+        config, tokenizer.vocab_size, tokenizer.eos_ids, ctx=stack.ctx if stack else None
+    )
+    try:
+        await core.start()
+        app = build_app(core, tokenizer, config)
+        r = config.router
+        server = DrainingServer(
+            uvicorn.Config(
+                app,
+                host=r.host,
+                port=r.port,
+                log_config=None,  # keep this process's logging format
+                access_log=False,  # the core logs each request by id
+                lifespan="off",
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                limit_concurrency=4 * (r.max_running + r.max_queued) + 64,
+            ),
+            core,
+            config.lifecycle.drain_timeout_s,
+        )
+        await server.serve()
+        if not server.started:
+            raise RuntimeError(f"could not serve HTTP on {r.host}:{r.port}")
+    finally:
+        await core.close()
+        if stack is not None:
+            stack.stop(timeout_s=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m router", description="splitserve router")
+    p.add_argument("--config", required=True, help="cluster TOML file")
+    p.add_argument("--index", type=int, default=0, help="accepted for the launcher; one router")
+    p.add_argument("--log-level", default=os.environ.get("SPLITSERVE_LOG_LEVEL", "info"))
+    args = p.parse_args(argv)
+    configure_logging("router", args.index, args.log_level)
+    die_with_parent(os.environ)
+    pin_cpus(os.environ)
+    try:
+        config = load_config(args.config)
+        tokenizer = load_tokenizer(tokenizer_path(config.model))
+    except (OSError, ValueError, KeyError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    try:
+        asyncio.run(serve(config, tokenizer))
+    except Exception:
+        log.exception("fatal error; exiting so that the supervisor restarts the router")
+        return 1
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

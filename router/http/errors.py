@@ -1,0 +1,132 @@
+"""OpenAI-style error bodies, {"error": {"message", "type", "param", "code"}}, for every failure.
+
+Each kind of failure maps to one status: bad input 400, a missing API key 401, an oversized body
+413, overload 429 (or 503 when no pipeline is ready), anything unexpected 500 with a message and
+never a stack trace (that goes to the log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import Send
+
+from router.requests import RequestError
+
+log = logging.getLogger(__name__)
+
+INVALID = "invalid_request_error"
+INTERNAL = "internal_error"
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+class APIError(Exception):
+    """A failure the client is told about, with its HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = INVALID,
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+        self.code = code
+
+    @classmethod
+    def from_core(cls, exc: RequestError) -> APIError:
+        return cls(exc.status, str(exc), exc.kind, getattr(exc, "param", None))
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def error_body(
+    message: str, kind: str = INVALID, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+async def send_error(
+    send: Send, status: int, message: str, kind: str = INVALID, code: str | None = None
+) -> None:
+    """Answer with an error from a raw ASGI middleware, before any route runs."""
+    body = json.dumps(error_body(message, kind, None, code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def validation_error(errors: Sequence[Any]) -> APIError:
+    """The first pydantic error, phrased for a client: 'temperature: Input should be <= 2'."""
+    if not errors:
+        return APIError(400, "invalid request body")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error", "JSON decode error")
+        where = f" at position {loc[1]}" if len(loc) > 1 else ""
+        return APIError(400, f"malformed JSON body: {reason}{where}", code="invalid_json")
+    path = loc[1:] if loc[:1] == ["body"] else loc
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if not path:
+        return APIError(400, f"request body: {message}", code="invalid_value")
+    return APIError(400, f"{'.'.join(path)}: {message}", param=path[0], code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        _log_client_error(request, exc)
+        return exc.response()
+
+    @app.exception_handler(RequestError)
+    async def _core_error(request: Request, exc: RequestError) -> JSONResponse:
+        error = APIError.from_core(exc)
+        _log_client_error(request, error)
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = validation_error(exc.errors())
+        _log_client_error(request, error)
+        return error.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = INVALID if exc.status_code < 500 else INTERNAL
+        code = HTTP_CODES.get(exc.status_code)
+        error = APIError(exc.status_code, str(exc.detail), kind, code=code)
+        return error.response(headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error(
+            "%s: internal error on %s %s",
+            _request_id(request), request.method, request.url.path, exc_info=exc,
+        )  # fmt: skip
+        return APIError(500, "internal server error: see the router's log", INTERNAL).response()
+
+
+def _request_id(request: Request) -> str:
+    return getattr(request.state, "request_id", "-")
+
+
+def _log_client_error(request: Request, error: APIError) -> None:
+    log.info("%s: HTTP %d on %s: %s", _request_id(request), error.status, request.url.path,
+             error.message)  # fmt: skip

@@ -1,0 +1,181 @@
+"""The core requests behind one HTTP request: one per choice, submitted together, their deltas
+merged into one stream, and all of them aborted together when the client goes away.
+
+A Generation watches the connection from the moment it submits: a client that disconnects while
+its requests are queued, running or streaming gets them aborted, which frees their slots at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import Request
+
+from router.core import MAX_SEED
+from router.http.context import ServerContext
+from router.http.errors import APIError
+from router.requests import Delta, RequestHandle, RequestParams, Result
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Choice:
+    """One sampled output: its core request and everything it produced so far."""
+
+    index: int
+    prompt_index: int
+    handle: RequestHandle
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def result(self) -> Result | None:
+        return self.handle.result
+
+    def add(self, delta: Delta) -> None:
+        self.text.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+
+
+class ClientGone(APIError):
+    """The client disconnected before its requests were admitted (nobody reads the answer)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the request", code="client_closed_request")
+
+
+class Generation:
+    def __init__(self, ctx: ServerContext, request: Request):
+        self.ctx = ctx
+        self.request = request
+        self.request_id: str = request.state.request_id
+        self.choices: list[Choice] = []
+        self.prompt_tokens = 0
+        self._events: asyncio.Queue[tuple[Choice, Delta | None]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._registered = False
+        self._core_ids: list[str] = []
+        self._watch: asyncio.Task | None = None
+
+    # ---- starting ----
+    async def start(self, prompts: list[list[int]], n: int, params: RequestParams) -> None:
+        """Submit n requests per prompt; raises APIError / RequestError (nothing left running)."""
+        if self.request_id in self.ctx.in_flight:
+            raise APIError(
+                400,
+                f"request id {self.request_id!r} is already in flight",
+                param="X-Request-Id",
+                code="duplicate_request_id",
+            )
+        self.ctx.in_flight.add(self.request_id)
+        self._registered = True
+        self.prompt_tokens = sum(len(p) for p in prompts)
+        self._watch = asyncio.create_task(self._watch_client(), name=f"watch-{self.request_id}")
+        submit = asyncio.create_task(self._submit_all(prompts, n, params))
+        try:
+            await asyncio.wait({submit, self._watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not submit.done():  # the client left while its requests waited for admission
+                submit.cancel()
+                await asyncio.gather(submit, return_exceptions=True)
+                raise ClientGone()
+            submit.result()
+        except BaseException:
+            self.close()
+            raise
+        for c in self.choices:
+            self._tasks.append(asyncio.create_task(self._pump(c)))
+
+    async def _submit_all(self, prompts: list[list[int]], n: int, params: RequestParams) -> None:
+        self._core_ids = self.ctx.core_ids.claim(self.request_id, len(prompts) * n)
+        try:
+            for p, prompt in enumerate(prompts):
+                for j in range(n):
+                    i = p * n + j
+                    rid = self._core_ids[i]
+                    choice_params = params
+                    if params.seed is not None and j:  # n samples of one seed must differ
+                        choice_params = replace(params, seed=(params.seed + j) % (MAX_SEED + 1))
+                    handle = await self.ctx.core.submit(prompt, choice_params, request_id=rid)
+                    self.choices.append(Choice(i, p, handle))
+        except BaseException:
+            self.abort()
+            raise
+
+    async def _pump(self, choice: Choice) -> None:
+        async for delta in choice.handle:
+            self._events.put_nowait((choice, delta))
+        self._events.put_nowait((choice, None))
+
+    async def _watch_client(self) -> None:
+        """Returns when the connection closes (or the response is complete): abort what runs."""
+        receive = self.request.receive
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if any(c.result is None for c in self.choices):
+                log.info("%s: client disconnected: aborting", self.request_id)
+        finally:
+            # the pumps stay: they forward the aborted requests' ends to a stream still reading
+            self.abort()
+            self._forget()
+
+    # ---- consuming ----
+    async def events(self) -> AsyncIterator[tuple[Choice, Delta | None]]:
+        """Every choice's deltas as they come, then (choice, None) once per finished choice."""
+        remaining = len(self.choices)
+        while remaining:
+            choice, delta = await self._events.get()
+            if delta is None:
+                remaining -= 1
+            else:
+                choice.add(delta)
+            yield choice, delta
+
+    async def run_to_end(self) -> None:
+        async for _ in self.events():
+            pass
+
+    def failure(self, choice: Choice | None = None) -> APIError | None:
+        """The error a failed choice (or the first failed one) must be reported as."""
+        for c in [choice] if choice is not None else self.choices:
+            r = c.result
+            if r is not None and r.finish_reason == "error":
+                return APIError(500, r.error or "the request failed", "internal_error")
+            if r is not None and r.finish_reason == "abort":
+                return APIError(500, "the request was aborted", "internal_error")
+        return None
+
+    def usage(self) -> dict[str, Any]:
+        completion = sum(len(c.token_ids) for c in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    # ---- ending ----
+    def abort(self) -> None:
+        for c in self.choices:
+            c.handle.abort()
+
+    def close(self) -> None:
+        """Abort what still runs and forget the request; safe to call twice."""
+        self.abort()
+        for t in self._tasks:
+            t.cancel()
+        if self._watch is not None and self._watch is not asyncio.current_task():
+            self._watch.cancel()
+        self._forget()
+
+    def _forget(self) -> None:
+        if self._registered:
+            self.ctx.in_flight.discard(self.request_id)
+            self.ctx.core_ids.release(self._core_ids)
+            self._registered = False

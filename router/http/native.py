@@ -1,0 +1,79 @@
+"""POST /generate: the native endpoint. One prompt as text or token ids in; text and token ids out
+(and logprobs when asked), streamed as SSE or in one JSON object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from router.http.context import ServerContext
+from router.http.generation import Choice, Generation
+from router.http.schemas import GenerateRequestBody, parse_body
+from router.http.streaming import sse_response
+from router.requests import Delta
+
+routes = APIRouter()
+
+
+@routes.post("/generate")
+async def generate(request: Request) -> Response:
+    body = await parse_body(request, GenerateRequestBody)
+    ctx: ServerContext = request.app.state.ctx
+    ctx.check_model(body.model)
+    if body.prompt_token_ids is not None:
+        prompt = list(body.prompt_token_ids)
+    else:
+        prompt = await ctx.encode(body.prompt or "", body.add_special_tokens)
+    gen = Generation(ctx, request)
+    await gen.start([prompt], 1, body.to_params(body.max_tokens, body.logprobs))
+    fmt = NativeFormat(gen, body.logprobs)
+    if body.stream:
+        return sse_response(gen, fmt, body.stream_options)
+    try:
+        await gen.run_to_end()
+        error = gen.failure()
+        if error is not None:
+            raise error
+        return JSONResponse(fmt.response())
+    finally:
+        gen.close()
+
+
+class NativeFormat:
+    def __init__(self, gen: Generation, logprobs: bool):
+        self.gen = gen
+        self.logprobs = logprobs
+
+    def _item(self, text: str, token_ids: list[int], logprobs: list[float], finish: str | None):
+        item: dict[str, Any] = {
+            "id": self.gen.request_id,
+            "text": text,
+            "token_ids": token_ids,
+            "finish_reason": finish,
+        }
+        if self.logprobs:
+            item["logprobs"] = logprobs
+        return item
+
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        return []
+
+    def delta_chunk(self, choice: Choice, delta: Delta) -> dict[str, Any] | None:
+        if not delta.text and not delta.token_ids:
+            return None
+        return self._item(delta.text, delta.token_ids, delta.logprobs, None)
+
+    def finish_chunk(self, choice: Choice) -> dict[str, Any]:
+        assert choice.result is not None
+        return {**self._item("", [], [], choice.result.finish_reason), "usage": self.gen.usage()}
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {"id": self.gen.request_id, "usage": usage}
+
+    def response(self) -> dict[str, Any]:
+        (c,) = self.gen.choices
+        assert c.result is not None
+        item = self._item("".join(c.text), c.token_ids, c.logprobs, c.result.finish_reason)
+        return {**item, "usage": self.gen.usage()}

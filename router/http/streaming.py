@@ -1,0 +1,89 @@
+"""Server-sent events: `data: {json}\\n\\n` per chunk, `data: [DONE]` at the end.
+
+One driver serves every streaming endpoint; an endpoint supplies a ChunkFormat that says what its
+chunks look like. The driver owns the rules they share: opening chunks, skipping empty deltas,
+exactly one finishing chunk per choice, usage (in every chunk or in a last one), and an error
+event followed by [DONE] when a request fails after the stream began.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from fastapi.responses import StreamingResponse
+
+from router.http.errors import INTERNAL, error_body
+from router.http.generation import Choice, Generation
+from router.http.schemas import StreamOptions
+from router.requests import Delta
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + text.encode() + b"\n\n"
+
+
+class ChunkFormat(Protocol):
+    def opening_chunks(self) -> list[dict[str, Any]]: ...
+
+    def delta_chunk(self, choice: Choice, delta: Delta) -> dict[str, Any] | None: ...
+
+    def finish_chunk(self, choice: Choice) -> dict[str, Any]: ...
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def sse_response(
+    gen: Generation, fmt: ChunkFormat, options: StreamOptions | None
+) -> StreamingResponse:
+    return StreamingResponse(
+        stream_events(gen, fmt, options or StreamOptions()),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+async def stream_events(
+    gen: Generation, fmt: ChunkFormat, options: StreamOptions
+) -> AsyncIterator[bytes]:
+    def event(chunk: dict[str, Any]) -> bytes:
+        if options.continuous_usage_stats:
+            chunk["usage"] = gen.usage()
+        elif options.include_usage:
+            chunk["usage"] = None
+        return sse(chunk)
+
+    failed = False
+    try:
+        for chunk in fmt.opening_chunks():
+            yield event(chunk)
+        async for choice, delta in gen.events():
+            if delta is not None:
+                chunk = fmt.delta_chunk(choice, delta)
+                if chunk is not None:
+                    yield event(chunk)
+                continue
+            error = gen.failure(choice)
+            if error is not None:
+                failed = True
+                gen.abort()  # one failed choice fails the request: end the others too
+                log.info("%s: failed while streaming: %s", gen.request_id, error.message)
+                yield sse(error.body())
+                break
+            yield event(fmt.finish_chunk(choice))
+        if options.include_usage and not failed:
+            yield sse(fmt.usage_chunk(gen.usage()))
+    except Exception:  # a bug here must not leave the client hanging: report it in the stream
+        log.exception("%s: internal error while streaming", gen.request_id)
+        yield sse(error_body("internal server error: see the router's log", INTERNAL))
+    finally:
+        gen.close()
+    yield DONE

@@ -1,0 +1,47 @@
+"""A worker dying under running HTTP requests: a streamed request gets an error event and then
+[DONE], a non-streamed one gets a 500 with the reason, /health turns 503 naming the dead worker,
+and service resumes once the worker is back."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import pytest
+
+from tests.http_stack import assert_error_shape, http_stack, sse_events, wait_healthy
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+
+def test_worker_death_surfaces_as_errors_then_service_resumes(tokenizer_512):
+    # 400 tokens at 10 ms a step: both requests are still running when decode is killed
+    with http_stack(tokenizer_512, model={"fake_step_s": 0.01}) as stack:
+        long = {"prompt": "doomed", "max_tokens": 400, "ignore_eos": True}
+        with stack.http() as c, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            plain = pool.submit(c.post, "/v1/completions", json=long)
+            with c.stream("POST", "/v1/completions", json={**long, "stream": True}) as r:
+                events = sse_events(r.iter_lines())
+                assert "choices" in next(events)
+                stack.stack.kill("decode", 0)
+                rest = list(events)
+            response = plain.result(timeout=30)
+
+            assert rest[-1] == "[DONE]"
+            assert "error" in rest[-2], rest[-2]
+            assert "decode worker 0 died" in rest[-2]["error"]["message"]
+            assert all(e["choices"][0]["finish_reason"] is None for e in rest[:-2])
+
+            err = assert_error_shape(response, 500)
+            assert "decode worker 0 died" in err["message"]
+
+            health = c.get("/health")
+            assert health.status_code == 503
+            states = {(w["role"], w["index"]): w["state"] for w in health.json()["workers"]}
+            assert states[("decode", 0)] == "dead"
+            assert_error_shape(c.post("/v1/completions", json={"prompt": "x"}), 503)
+
+        stack.stack.restart("decode", 0)
+        wait_healthy(stack.url, 30)
+        r = httpx.post(f"{stack.url}/v1/completions", json={"prompt": "again"}, timeout=30)
+        assert r.status_code == 200, r.text

@@ -1,0 +1,76 @@
+"""Failures inside the router itself, provoked in-process with a stub core: an internal error is a
+500 with a message and no stack trace, and one that happens after streaming began is an error
+event followed by [DONE]."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from router.http import build_app
+from router.requests import Delta, RequestHandle, RequestParams
+from splitserve.tokenizers import load_tokenizer
+from tests.pipeline_util import make_config
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class StubCore:
+    """Just enough of RouterCore: submit() hands out handles whose output the test scripts."""
+
+    def __init__(self, script):
+        self.script = script
+
+    async def submit(self, prompt, params: RequestParams, request_id=None):
+        now = time.monotonic()
+        handle = RequestHandle(request_id, len(prompt), 0, params, now, now, now + 60)
+        self.script(handle)
+        return handle
+
+    def is_ready(self):
+        return True
+
+
+def bug(handle):
+    raise RuntimeError("a bug in the router, with a secret path /etc/shadow")
+
+
+def bad_delta_mid_stream(handle):
+    handle.push(Delta("fine so far", [1], []))
+    handle._queue.put_nowait(Delta("broken", None, []))  # token_ids not a list: a bug
+
+
+@pytest.fixture
+def client_for(tokenizer_512):
+    config = make_config(tokenizer_512)
+    tok = load_tokenizer(tokenizer_512)
+
+    def make(script):
+        return TestClient(build_app(StubCore(script), tok, config), raise_server_exceptions=False)
+
+    return make
+
+
+def test_internal_error_is_a_500_without_a_stack_trace(client_for):
+    with client_for(bug) as c:
+        r = c.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "Traceback" not in r.text and "shadow" not in r.text and "RuntimeError" not in r.text
+
+
+def test_internal_error_after_streaming_began_is_an_error_event(client_for):
+    with client_for(bad_delta_mid_stream) as c:
+        with c.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True}) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line]
+    payloads = [line.removeprefix("data: ") for line in lines]
+    assert payloads[-1] == "[DONE]"
+    first, error = json.loads(payloads[0]), json.loads(payloads[-2])
+    assert first["choices"][0]["text"] == "fine so far"
+    assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["error"]["message"]
