@@ -71,8 +71,9 @@ class DecodeWorker(WorkerLoop):
         self.slots: list[Slot | None] = [None] * self.engine.num_slots
         self.slot_of: dict[str, int] = {}
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
-        # the router admits at most max_running requests, so this bound is never hit in service
-        self.max_pending = max(4 * self.engine.num_slots, config.router.max_running)
+        # the router admits at most max_running requests; the slack covers prefixes of aborted
+        # requests that arrive before their Abort does (they are dropped when it comes)
+        self.max_pending = 2 * config.router.max_running + 4 * self.engine.num_slots
         self.gone = Tombstones(config.lifecycle.state_ttl_s)
         self.step_time = Histogram()
         self.step_gap = Histogram()  # start-to-start time of consecutive busy steps

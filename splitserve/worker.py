@@ -35,6 +35,7 @@ class WorkerLoop:
         self.receiver = Receiver(ctx, self.own_address(), self.counters)
         self.router = Sender(ctx, config.addresses.router, self.counters)
         self._next_heartbeat = 0.0
+        self._snapshot: tuple[float, dict[str, Any]] = (0.0, {})
 
     # ---- provided by each role ----
     def own_address(self) -> str:
@@ -62,6 +63,12 @@ class WorkerLoop:
         info = self.warmup()
         self.router.send(Ready(self.role, self.index, PROTOCOL_VERSION, self.pid, info))
         log.info("%s[%d] ready (pid %d)", self.role, self.index, self.pid)
+        self.take_snapshot()
+        beating = threading.Event()
+        heart = threading.Thread(
+            target=self._heartbeat_loop, args=(beating,), name=f"{self.role}-heartbeat", daemon=True
+        )
+        heart.start()
         drain_deadline = None
         try:
             while True:
@@ -72,25 +79,43 @@ class WorkerLoop:
                     if self.idle() or time.monotonic() > drain_deadline:
                         break
                 self.loop_once()
-                self.maybe_heartbeat()
+                self.maybe_snapshot()
         finally:
+            beating.set()
+            heart.join(timeout=5)
             self.close()
             self.receiver.close()
             self.router.close()
             log.info("%s[%d] stopped", self.role, self.index)
 
-    def maybe_heartbeat(self) -> None:
+    def maybe_snapshot(self) -> None:
         now = time.monotonic()
-        if now < self._next_heartbeat:
-            return
-        self._next_heartbeat = now + self.config.lifecycle.heartbeat_interval_s
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.lifecycle.heartbeat_interval_s / 2
+            self.take_snapshot()
+
+    def take_snapshot(self) -> None:
+        """The loop's load figures, taken on the loop's own thread (they are not thread-safe)."""
         load = self.load()
         load["transport"] = self.counters.as_dict()
         load["draining"] = self.stop.is_set()
         load["protocol_version"] = PROTOCOL_VERSION
-        self.router.send(Heartbeat(self.role, self.index, self.pid, load))
+        self._snapshot = (time.monotonic(), load)
+
+    def _heartbeat_loop(self, done: threading.Event) -> None:
+        """Heartbeats go from a thread of their own, on a socket of their own, so that a long
+        engine call (a big prefill, a compile) never reads as a dead worker: JAX releases the GIL
+        while it computes. loop_age_s tells how long ago the loop last completed a pass."""
+        sender = Sender(self.ctx, self.config.addresses.router, Counters())
+        try:
+            while not done.wait(self.config.lifecycle.heartbeat_interval_s):
+                taken, load = self._snapshot
+                load = {**load, "loop_age_s": round(time.monotonic() - taken, 3)}
+                sender.send(Heartbeat(self.role, self.index, self.pid, load))
+        finally:
+            sender.close()
 
     def poll_timeout_ms(self) -> int:
-        """Block at most until the next heartbeat is due."""
+        """Block at most until the next snapshot is due."""
         wait = self._next_heartbeat - time.monotonic()
         return max(0, min(50, int(wait * 1000)))
