@@ -61,6 +61,8 @@ class PrefillWorker(WorkerLoop):
             detok_sender(ctx, addr, self.counters, faults, "prefill_to_detok")
             for addr in config.addresses.detok
         ]
+        # test-only: lose every prefix on its way to decode, as a crash between the two sends would
+        self.drop_prefixes = bool(faults.get("prefill_to_decode_drop", 0.0))
         self.queue: deque[GenerateRequest] = deque()
         self.max_queue = config.router.max_running + config.router.max_queued
         self.prefill_time = Histogram()
@@ -129,7 +131,8 @@ class PrefillWorker(WorkerLoop):
                 req.stop,
                 protocol.kv_meta(prefix.kv),
             )
-            self.decode.send(header, prefix.kv)
+            if not self.drop_prefixes:
+                self.decode.send(header, prefix.kv)
         first = TokenBatch(
             protocol.SOURCE_PREFILL,
             self.prefills,

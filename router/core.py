@@ -397,11 +397,21 @@ class RouterCore:
                 self._end(handle, "error", reason)
 
     def _expire_requests(self) -> None:
+        """The backstop for requests lost without a worker dying (a message lost in a crash):
+        no output for stall_timeout_s. A request still queued at the prefill worker, or (while the
+        decode worker has prefixes waiting) still waiting for a decode slot, is not lost: only its
+        overall deadline and the liveness of its workers bound it."""
         now = time.monotonic()
         stall = self.config.router.stall_timeout_s
+        decode = self.workers.get("decode", 0)
+        slots_contended = bool(decode and decode.load.get("pending"))
         for handle in list(self.requests.values()):
             if now > handle.deadline:
                 self._end(handle, "error", "request timed out")
+            elif handle.first_token_at is None:
+                continue
+            elif handle.completion_tokens <= 1 and slots_contended:
+                continue
             elif now - handle.last_progress > stall:
                 self._end(handle, "error", f"no progress for {stall:.0f} s")
 

@@ -143,7 +143,7 @@ def test_abort_at_random_points_leaves_nothing_behind(tokenizer_512, mode):
             results = await asyncio.gather(*(one(i) for i in range(1000)))
             reasons = {(r.finish_reason, r.error) for r in results}
             assert all(r.finish_reason in ("abort", "length") for r in results), reasons
-            assert sum(r.finish_reason == "abort" for r in results) > 900
+            assert sum(r.finish_reason == "abort" for r in results) > 600  # the rest ran to length
             assert core.running == 0 and not core.requests and not core.waiters
 
             def clean():

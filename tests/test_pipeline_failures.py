@@ -121,3 +121,24 @@ def test_malformed_messages_are_counted_not_fatal(tokenizer_512):
             assert core.is_ready()
 
     run(body())
+
+
+def test_lost_prefix_ends_with_error_after_stall_timeout(tokenizer_512):
+    """A request whose prefix is lost (as in a crash between prefill's two sends) still ends: token
+    0 arrives, then nothing, and the router's stall backstop ends it with an error."""
+    import os
+
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(tokenizer_512, router={"stall_timeout_s": 1.0})
+    env = {**os.environ, "SPLITSERVE_FAULTS": "prefill_to_decode_drop=1"}
+
+    async def body():
+        async with pipeline(config, env=env) as (core, _):
+            start = time.monotonic()
+            h = await core.submit(tok.encode("lost"), RequestParams(max_tokens=50))
+            text, r = await h.finished()
+            assert r.finish_reason == "error" and "no progress" in r.error
+            assert r.completion_tokens == 1
+            assert time.monotonic() - start < 5.0
+
+    run(body())
