@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from router.http import limits
 from router.http.context import ServerContext
@@ -15,7 +15,7 @@ from router.http.errors import APIError
 from router.http.generation import Choice, Generation
 from router.http.logprobs import completion_logprobs
 from router.http.schemas import CompletionRequest, parse_body
-from router.http.streaming import sse_response
+from router.http.streaming import respond
 from router.requests import Delta
 
 routes = APIRouter()
@@ -34,16 +34,7 @@ async def create_completion(request: Request) -> Response:
     gen = Generation(ctx, request)
     await gen.start(token_prompts, body.n, params)
     fmt = CompletionFormat(ctx, gen, body)
-    if body.stream:
-        return sse_response(gen, fmt, body.stream_options)
-    try:
-        await gen.run_to_end()
-        error = gen.failure()
-        if error is not None:
-            raise error
-        return JSONResponse(fmt.response())
-    finally:
-        gen.close()
+    return await respond(gen, fmt, body.stream, body.stream_options)
 
 
 class CompletionFormat:

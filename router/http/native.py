@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from router.http.context import ServerContext
 from router.http.generation import Choice, Generation
 from router.http.schemas import GenerateRequestBody, parse_body
-from router.http.streaming import sse_response
+from router.http.streaming import respond
 from router.requests import Delta
 
 routes = APIRouter()
@@ -29,16 +29,7 @@ async def generate(request: Request) -> Response:
     gen = Generation(ctx, request)
     await gen.start([prompt], 1, body.to_params(body.max_tokens, body.logprobs))
     fmt = NativeFormat(gen, body.logprobs)
-    if body.stream:
-        return sse_response(gen, fmt, body.stream_options)
-    try:
-        await gen.run_to_end()
-        error = gen.failure()
-        if error is not None:
-            raise error
-        return JSONResponse(fmt.response())
-    finally:
-        gen.close()
+    return await respond(gen, fmt, body.stream, body.stream_options)
 
 
 class NativeFormat:

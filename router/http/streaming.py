@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from router.http.errors import INTERNAL, error_body
 from router.http.generation import Choice, Generation
@@ -39,6 +39,24 @@ class ChunkFormat(Protocol):
     def finish_chunk(self, choice: Choice) -> dict[str, Any]: ...
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]: ...
+
+    def response(self) -> dict[str, Any]: ...
+
+
+async def respond(
+    gen: Generation, fmt: ChunkFormat, stream: bool, options: StreamOptions | None
+) -> Response:
+    """The endpoint's answer: an SSE stream, or one JSON body once every choice has ended."""
+    if stream:
+        return sse_response(gen, fmt, options)
+    try:
+        await gen.run_to_end()
+        error = gen.failure()
+        if error is not None:
+            raise error
+        return JSONResponse(fmt.response())
+    finally:
+        gen.close()
 
 
 def sse_response(
