@@ -127,6 +127,13 @@ class _WorkerCollector:
             snap = load.get(key)
             if snap:
                 yield _histogram(name, doc, snap)
+                # exact quantiles over the worker's recent window: finer than the buckets
+                recent = GaugeMetricFamily(
+                    f"{name}_recent", f"{doc}: quantiles over recent steps", labels=["quantile"]
+                )
+                for q in ("p50", "p90", "p99"):
+                    recent.add_metric([str(int(q[1:]) / 100)], float(snap.get(q, 0.0)))
+                yield recent
         streams = GaugeMetricFamily(
             "splitserve_detok_streams", "Open streams per detok worker", labels=["index"]
         )

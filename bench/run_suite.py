@@ -1,0 +1,548 @@
+"""The standard benchmark suite, in one go: writes docs/benchmarks.md and its plots (docs/bench/).
+
+    .venv/bin/python bench/run_suite.py            # full: about 15 minutes on 2 CPU cores
+    .venv/bin/python bench/run_suite.py --quick    # a few minutes, small sizes
+    .venv/bin/python bench/run_suite.py --sections tiny,fake --doc /tmp/b.md --assets /tmp/b
+
+Sections (each one stack per mode, started with `splitserve serve` and always stopped):
+ 1. tiny: random:tiny-7m (8,000-id synthetic tokenizer): the engine ceiling at the served slot
+    count and mean context, then served throughput at concurrency 1, 16, 64, 128 in processes
+    and in threads mode: same engine, same load, same run.
+ 2. detok: a detokenization-heavy load on tiny-7m: 128 concurrent streams (128 slots), long
+    outputs, several stop strings each, prompts with multi-byte UTF-8; processes and threads.
+ 3. fake: the fake engine (no model compute): what the serving pipeline alone sustains.
+ 4. smollm2: SmolLM2-135M-Instruct (the default model, its GGUF tokenizer): ceiling and sweep.
+Engine ceilings run in a subprocess while no stack is up, so nothing else competes for the CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from splitserve import tomlwrite  # noqa: E402
+from splitserve.bench import plots, report  # noqa: E402
+from splitserve.bench.runner import (  # noqa: E402
+    BenchSettings,
+    fraction_of_ceiling,
+    run_benchmark,
+)
+from splitserve.cli import wait_healthy  # noqa: E402
+
+MODES = ("processes", "threads")
+DETOK_STOPS = ("<|stop|>", "\u00bfFIN?", "\u7d42\u308f\u308a", "\U0001f6d1 end", "zzzq")
+
+
+@dataclass(frozen=True)
+class Section:
+    """One model and load, served in each of `modes`, optionally against the engine ceiling."""
+
+    key: str
+    title: str
+    engine: str
+    model: str
+    tokenizer: str
+    slots: int
+    max_seq_len: int
+    concurrencies: tuple[int, ...]
+    num_requests: tuple[int, ...]
+    prompt_tokens: int
+    output_tokens: int
+    modes: tuple[str, ...] = MODES
+    stop: tuple[str, ...] = ()
+    unicode_prompts: bool = False
+    max_running: int = 64
+    ceiling: bool = True
+    ceiling_steps: int = 200
+    ready_timeout_s: float = 900.0
+    notes: str = ""
+
+    @property
+    def context(self) -> int:
+        """The mean attended length over a request's decode: prompt plus half the output."""
+        return self.prompt_tokens + self.output_tokens // 2
+
+
+@dataclass
+class SectionResult:
+    section: Section
+    ceiling: dict[str, Any] | None = None
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # mode -> bench report
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def log(msg: str) -> None:
+    print(f"[suite {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- sections ------------------------------------------------------------------------------
+
+
+def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
+    tiny = Section(
+        key="tiny",
+        title="tiny-7m: served throughput against the engine ceiling",
+        engine="jax",
+        model="random:tiny-7m",
+        tokenizer=tok8000,
+        slots=16,
+        max_seq_len=512,
+        concurrencies=(1, 16, 64, 128),
+        num_requests=(8, 64, 128, 256),
+        prompt_tokens=128,
+        output_tokens=64,
+    )
+    detok = Section(
+        key="detok",
+        title="Detokenization-heavy load (tiny-7m, 128 streams, stop strings, UTF-8)",
+        engine="jax",
+        model="random:tiny-7m",
+        tokenizer=tok8000,
+        slots=128,
+        max_seq_len=1024,
+        concurrencies=(128,),
+        num_requests=(128,),
+        prompt_tokens=64,
+        output_tokens=512,
+        stop=DETOK_STOPS,
+        unicode_prompts=True,
+        max_running=128,
+        ceiling_steps=100,
+    )
+    fake = Section(
+        key="fake",
+        title="Fake engine: the serving pipeline alone",
+        engine="fake",
+        model="fake",
+        tokenizer=tok8000,
+        slots=128,
+        max_seq_len=512,
+        concurrencies=(1, 16, 64, 128),
+        num_requests=(8, 64, 128, 256),
+        prompt_tokens=128,
+        output_tokens=128,
+        max_running=128,
+        ceiling=False,
+        notes="No model compute: each decode step costs only the worker's own Python, so these "
+        "figures bound what the pipeline can deliver whatever the engine.",
+    )
+    out = [tiny, detok, fake]
+    if smollm2:
+        out.append(
+            Section(
+                key="smollm2",
+                title="SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)",
+                engine="jax",
+                model=smollm2,
+                tokenizer=smollm2,
+                slots=16,
+                max_seq_len=256,
+                concurrencies=(1, 16, 64, 128),
+                num_requests=(4, 16, 64, 128),
+                prompt_tokens=64,
+                output_tokens=32,
+                ceiling_steps=40,
+            )
+        )
+    if quick:
+        out = [quick_version(s) for s in out]
+    return out
+
+
+def quick_version(s: Section) -> Section:
+    """Small sizes for a short run: fewer and shorter requests, lower concurrency."""
+    if s.key == "detok":
+        return replace(s, slots=64, max_running=64, concurrencies=(64,), num_requests=(64,),
+                       output_tokens=128, max_seq_len=512, ceiling_steps=40,
+                       title=s.title.replace("128 streams", "64 streams"))  # fmt: skip
+    if s.key == "smollm2":
+        return replace(s, concurrencies=(1, 16), num_requests=(2, 16), output_tokens=16,
+                       prompt_tokens=32, modes=("processes",), ceiling_steps=20)  # fmt: skip
+    return replace(s, concurrencies=(1, 16, 64), num_requests=(4, 32, 64),
+                   output_tokens=min(s.output_tokens, 32), ceiling_steps=60)  # fmt: skip
+
+
+# -- running -------------------------------------------------------------------------------
+
+
+def run_ceiling(s: Section, work_dir: str) -> dict[str, Any]:
+    out = os.path.join(work_dir, f"ceiling-{s.key}.json")
+    cmd = [
+        sys.executable, "-m", "splitserve.bench", "--ceiling", "--model", s.model,
+        "--engine", s.engine, "--slots", str(s.slots), "--context", str(s.context),
+        "--steps", str(s.ceiling_steps), "--prompt-tokens", str(s.prompt_tokens),
+        "--max-seq-len", str(s.max_seq_len), "--out-json", out,
+    ]  # fmt: skip
+    log(f"{s.key}: engine ceiling ({s.slots} slots, context {s.context})")
+    with open(os.path.join(work_dir, f"ceiling-{s.key}.log"), "wb") as fh:
+        subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, check=True, timeout=900)
+    with open(out, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+class StackNotReady(RuntimeError):
+    pass
+
+
+class Stack:
+    """`splitserve serve` in a subprocess on a free port; stop() always tears it down."""
+
+    def __init__(self, s: Section, mode: str, work_dir: str, attempt: int = 1):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = f"{s.key}-{mode}" + (f"-try{attempt}" if attempt > 1 else "")
+        run_dir = tempfile.mkdtemp(prefix=f"ss-suite-{self.name}-")
+        config = {
+            "model": {
+                "engine": s.engine,
+                "path": s.model if s.engine == "jax" else "default",
+                "tokenizer": s.tokenizer,
+                "num_slots": s.slots,
+                "max_seq_len": s.max_seq_len,
+            },
+            "cluster": {"mode": mode, "detok_workers": 2, "run_dir": run_dir},
+            "router": {"host": "127.0.0.1", "port": self.port, "max_running": s.max_running,
+                       "max_queued": 512},  # fmt: skip
+        }
+        self.config_path = os.path.join(work_dir, f"{self.name}.toml")
+        with open(self.config_path, "w", encoding="utf-8") as fh:
+            fh.write(tomlwrite.dumps(config))
+        self.log_path = os.path.join(work_dir, f"{self.name}.log")
+        self.ready_timeout_s = s.ready_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log_fh = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "splitserve", "serve", "--config", self.config_path,
+             "--ready-timeout", str(self.ready_timeout_s)],
+            cwd=REPO, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        log_fh.close()
+        t0 = time.monotonic()
+        ok = wait_healthy(f"{self.url}/health", self.ready_timeout_s,
+                          alive=lambda: self.proc.poll() is None)  # fmt: skip
+        if not ok:
+            rc = self.proc.poll()
+            how = "timed out" if rc is None else f"serve exited with status {rc}"
+            raise StackNotReady(f"{self.name} not ready: {how} (log: {self.log_path})")
+        log(f"{self.name}: ready in {time.monotonic() - t0:.0f} s")
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)  # serve drains, then stops its roles
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            log(f"{self.name}: did not stop in 40 s; killing its process group")
+            os.killpg(proc.pid, signal.SIGKILL)  # its roles die with it (parent-death signal)
+            proc.wait()
+
+
+def start_stack(s: Section, mode: str, work_dir: str, started: list[Stack]) -> Stack:
+    """A ready stack (each one made is added to `started`, for the caller to stop). A second,
+    fresh one if the first never gets ready: on a shared host a stray signal or a port taken
+    in between should not cost a whole section."""
+    for attempt in (1, 2):
+        stack = Stack(s, mode, work_dir, attempt)
+        started.append(stack)
+        try:
+            stack.start()
+            return stack
+        except StackNotReady as exc:
+            if attempt == 2:
+                raise
+            log(f"{exc}; retrying once with a fresh stack")
+            stack.stop()
+    raise AssertionError("unreachable")
+
+
+def bench_settings(s: Section, url: str) -> BenchSettings:
+    return BenchSettings(
+        url=url,
+        concurrencies=s.concurrencies,
+        num_requests=s.num_requests,
+        prompt_tokens=s.prompt_tokens,
+        output_tokens=s.output_tokens,
+        stop=s.stop,
+        unicode_prompts=s.unicode_prompts,
+        tokenizer=s.tokenizer,
+        warmup_requests=2,
+        request_timeout_s=300.0,
+        progress=False,
+    )
+
+
+def run_section(s: Section, work_dir: str) -> SectionResult:
+    res = SectionResult(s)
+    t0 = time.monotonic()
+    if s.ceiling:
+        try:
+            res.ceiling = run_ceiling(s, work_dir)
+            log(f"{s.key}: ceiling {res.ceiling.get('tokens_per_s') or 0:,.0f} tokens/s")
+        except (subprocess.SubprocessError, OSError, ValueError) as exc:
+            res.errors.append(f"ceiling: {exc} (log in {work_dir})")
+    for mode in s.modes:
+        started: list[Stack] = []
+        try:
+            stack = start_stack(s, mode, work_dir, started)
+            rep = run_benchmark(bench_settings(s, stack.url))
+            for run in rep["runs"]:
+                run["mode"] = mode
+                run["name"] = f"{mode}, c={run['concurrency']}"
+                run["fraction_of_ceiling"] = fraction_of_ceiling(run, res.ceiling)
+                log(f"{stack.name}: {run['label']}: {run['output_tokens_per_s']:,.0f} tok/s, "
+                    f"{run['requests_failed']} failed")  # fmt: skip
+            res.reports[mode] = rep
+        except Exception as exc:  # one stack failing must not lose the rest of the suite
+            logs = ", ".join(st.log_path for st in started)
+            res.errors.append(f"{mode}: {type(exc).__name__}: {exc} (logs: {logs})")
+            log(traceback.format_exc())
+        finally:
+            for st in started:
+                st.stop()
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+# -- the document --------------------------------------------------------------------------
+
+
+def all_runs(res: SectionResult) -> list[dict[str, Any]]:
+    return [run for mode in res.section.modes for run in res.reports.get(mode, {}).get("runs", [])]
+
+
+def find_run(res: SectionResult | None, mode: str, concurrency: int) -> dict[str, Any] | None:
+    if res is None:
+        return None
+    for run in res.reports.get(mode, {}).get("runs", []):
+        if run["concurrency"] == concurrency:
+            return run
+    return None
+
+
+def _server(run: dict[str, Any] | None, key: str) -> tuple[dict[str, Any] | None, str]:
+    """A server-side distribution, with where it came from (exact window or buckets)."""
+    server = (run or {}).get("server") or {}
+    if server.get(key + "_recent"):
+        return server[key + "_recent"], "recent-window quantiles"
+    return server.get(key), "interpolated from /metrics buckets"
+
+
+def targets(results: dict[str, SectionResult]) -> str:
+    rows = []
+    tiny = results.get("tiny")
+    if tiny and tiny.ceiling:
+        served = [r for r in tiny.reports.get("processes", {}).get("runs", [])
+                  if (r["concurrency"] or 0) >= tiny.section.slots]  # fmt: skip
+        best = max(served, key=lambda r: r.get("fraction_of_ceiling") or 0, default=None)
+        if best and best.get("fraction_of_ceiling") is not None:
+            f = best["fraction_of_ceiling"]
+            rows.append([
+                "tiny-7m served throughput at saturation >= 90% of the engine ceiling",
+                f"{f:.0%} ({best['steady_output_tokens_per_s']:,.0f} of "
+                f"{tiny.ceiling['tokens_per_s']:,.0f} tok/s, processes, c={best['concurrency']})",
+                "yes" if f >= 0.9 else "no",
+            ])  # fmt: skip
+    detok = results.get("detok")
+    if detok:
+        c = detok.section.concurrencies[-1]
+        run = find_run(detok, "processes", c)
+        gap, gap_src = _server(run, "step_gap")
+        step, _ = _server(run, "step_time")
+        if gap and step and gap.get("p99") and step.get("p50"):
+            ratio = gap["p99"] / step["p50"]
+            rows.append([
+                "detok-heavy, processes: p99 step gap within 25% of the median step time",
+                f"p99 gap {gap['p99'] * 1e3:.1f} ms / p50 step {step['p50'] * 1e3:.1f} ms "
+                f"= {ratio:.2f} ({gap_src})",
+                "yes" if ratio <= 1.25 else "no",
+            ])  # fmt: skip
+    for key in ("tiny", "detok"):
+        res = results.get(key)
+        for c in (64, 128):
+            p, t = find_run(res, "processes", c), find_run(res, "threads", c)
+            if p and t:
+                a, b = p["output_tokens_per_s"], t["output_tokens_per_s"]
+                rows.append([
+                    f"{key}: processes beat threads at {c} streams",
+                    f"{a:,.0f} vs {b:,.0f} tok/s ({a / b - 1:+.0%}); ITL p99 "
+                    f"{report.fmt(p['itl_s']['p99'], 1e3)} vs {report.fmt(t['itl_s']['p99'], 1e3)}"
+                    " ms",
+                    "yes" if a > b else "no",
+                ])  # fmt: skip
+    run1 = find_run(tiny, "processes", 1)
+    if tiny and tiny.ceiling and run1 and (tiny.ceiling.get("prefill_s") or {}).get("p50"):
+        over = run1["ttft_s"]["p50"] - tiny.ceiling["prefill_s"]["p50"]
+        rows.append([
+            "tiny-7m: TTFT at concurrency 1 exceeds bare prefill by < 5 ms (median)",
+            f"TTFT p50 {run1['ttft_s']['p50'] * 1e3:.1f} ms - prefill p50 "
+            f"{tiny.ceiling['prefill_s']['p50'] * 1e3:.1f} ms = {over * 1e3:+.1f} ms",
+            "yes" if over < 0.005 else "no",
+        ])  # fmt: skip
+    if not rows:
+        return "_No target applies to the sections run (or their runs failed; see below)._\n"
+    return report.table(["target", "measured", "met"], rows)
+
+
+def section_doc(res: SectionResult, assets: str, doc_dir: str) -> str:
+    s = res.section
+    out = [f"## {s.title}\n"]
+    out.append(
+        f"`{report.model_name(s.model) if s.engine == 'jax' else 'fake engine'}`, "
+        f"{s.slots} decode slots, "
+        f"max_seq_len {s.max_seq_len}, router max_running {s.max_running}; "
+        f"load: {report.settings_line(asdict(bench_settings(s, '')))}; modes: "
+        f"{', '.join(s.modes)}; {res.seconds:.0f} s for this section.\n"
+    )
+    if s.notes:
+        out.append(s.notes + "\n")
+    for err in res.errors:
+        out.append(f"> **Error:** {err}\n")
+    if res.ceiling:
+        out += ["Engine ceiling (decode step in a tight loop, every slot live, no serving):\n",
+                report.ceiling_table([res.ceiling])]  # fmt: skip
+    runs = all_runs(res)
+    if runs:
+        out += ["\n" + report.load_table(runs, name_key="name")]
+        series = {mode: res.reports[mode]["runs"] for mode in s.modes if mode in res.reports}
+        ceilings = {"engine ceiling": (res.ceiling or {}).get("tokens_per_s")}
+        made = []
+        if len(s.concurrencies) > 1:
+            made.append(plots.plot_throughput(
+                series, os.path.join(assets, f"{s.key}_throughput.png"), ceilings=ceilings,
+                title=s.title))  # fmt: skip
+        made.append(plots.plot_latency(
+            runs_for_cdf(runs), os.path.join(assets, f"{s.key}_latency.png"), title=s.title))
+        for path in made:
+            if path:
+                out.append(f"\n![{os.path.basename(path)}]({os.path.relpath(path, doc_dir)})\n")
+    return "\n".join(out)
+
+
+def runs_for_cdf(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """CDF curves labelled by mode and load; at most the two highest loads per mode."""
+    out = []
+    for mode in MODES:
+        mine = [r for r in runs if r.get("mode") == mode]
+        out += [dict(r, label=r["name"]) for r in mine[-2:]]
+    return out
+
+
+def header(args: argparse.Namespace, started: float, results: dict[str, SectionResult]) -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    host = next((r.ceiling["host"] for r in results.values() if r.ceiling), {})
+    cmd = "bench/run_suite.py" + (" --quick" if args.quick else "")
+    load = ", ".join(f"{x:.1f}" for x in args.load_at_start)
+    return f"""# Benchmarks
+
+Generated by `.venv/bin/python {cmd}` on {time.strftime('%Y-%m-%d %H:%M')}
+({(time.monotonic() - started) / 60:.1f} min), commit `{commit or '?'}`{' (uncommitted changes)'
+if dirty else ''}, on {host.get('cpus', os.cpu_count())} CPU cores, JAX backend
+`{host.get('jax_backend', '?')}`; load average at the start {load} (other work on the host makes
+every figure noisier). The load generator runs on the same host as the server and shares its CPUs.
+Rerun with the command above; `splitserve bench --help` runs single loads.
+
+How to read the figures:
+- **out tok/s**: completion tokens (the server's usage figures) of all requests / wall time of the
+  run; **steady tok/s** counts only the middle 80% of the run (no ramp-up, no tail) and is what
+  **of ceiling** compares with the engine alone at the same slot count and mean context.
+- **TTFT**: send to first text; **ITL**: time between text chunks; **TPOT**: per request,
+  (end - first text) / (tokens - 1); **E2E**: send to end of stream. Milliseconds.
+- **step gap**: start-to-start time of consecutive busy decode steps, **step**: one decode step,
+  both as the decode worker saw them during the run (from /metrics).
+
+"""
+
+
+def write_doc(path: str, assets: str, args, started, results: dict[str, SectionResult]) -> None:
+    doc_dir = os.path.dirname(os.path.abspath(path))
+    parts = [header(args, started, results), "## Targets\n", targets(results)]
+    ceilings = [r.ceiling for r in results.values() if r.ceiling]
+    if ceilings:
+        parts += ["\n## Engine ceilings\n", report.ceiling_table(ceilings)]
+    for res in results.values():
+        parts.append("\n" + section_doc(res, assets, doc_dir))
+    details = [r for res in results.values() for r in all_runs(res)]
+    if details:
+        parts += ["\n## Latency distributions (all runs, ms)\n"]
+        for res in results.values():
+            runs = all_runs(res)
+            if runs:
+                parts += [f"\n### {res.section.key}\n", report.distribution_table(runs, "name")]
+    report.write_markdown("\n".join(parts), path)
+    for key, res in results.items():
+        record = {"section": asdict(res.section), "ceiling": res.ceiling,
+                  "reports": res.reports, "errors": res.errors}  # fmt: skip
+        report.write_json(record, os.path.join(assets, f"{key}.json"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="small sizes: a few minutes")
+    p.add_argument("--sections", default="tiny,detok,fake,smollm2",
+                   help="comma-separated subset of: tiny, detok, fake, smollm2")
+    p.add_argument("--doc", default=os.path.join(REPO, "docs", "benchmarks.md"))
+    p.add_argument("--assets", default=os.path.join(REPO, "docs", "bench"),
+                   help="where the PNG plots and JSON records go")
+    p.add_argument("--work-dir", help="stack configs and logs (default: a temp dir)")
+    args = p.parse_args(argv)
+    args.load_at_start = os.getloadavg()
+    started = time.monotonic()
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="splitserve-suite-")
+    os.makedirs(work_dir, exist_ok=True)
+    log(f"logs and configs in {work_dir}")
+    wanted = [k.strip() for k in args.sections.split(",") if k.strip()]
+
+    from splitserve.tokenizers.synthetic import build_synthetic_tokenizer
+
+    tok8000 = build_synthetic_tokenizer(
+        os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "tok8000"), 8000
+    )
+    smollm2 = None
+    if "smollm2" in wanted:
+        try:
+            from splitserve.engine.default_model import default_model_path
+
+            smollm2 = default_model_path()
+        except FileNotFoundError as exc:
+            log(f"smollm2 skipped: {exc}")
+    results: dict[str, SectionResult] = {}
+    for s in sections(args.quick, tok8000, smollm2):
+        if s.key in wanted:
+            log(f"section {s.key}: {s.title}")
+            results[s.key] = run_section(s, work_dir)
+    write_doc(args.doc, args.assets, args, started, results)
+    log(f"wrote {args.doc} and {args.assets}/ in {(time.monotonic() - started) / 60:.1f} min")
+    return 1 if any(r.errors for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""`--ceiling`: the engine alone, no serving: the decode step in a tight loop at a slot count and
+context length (every slot live), and bare prefill at the prompt length. Served throughput is
+measured against its tokens/s; time to first token at concurrency 1 against its prefill time.
+
+The measurement is the engine package's (splitserve.engine.ceiling); this module builds the
+engine exactly as a worker does (splitserve.engine.build_engine, same slots and max_seq_len, so
+the same compiled shapes) and records the settings and host next to the figures.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Any
+
+from splitserve.config import ModelConfig
+from splitserve.engine import ceiling as engine_ceiling
+
+
+def run_ceiling(
+    model: str,
+    slots: int,
+    context: int,
+    steps: int = 200,
+    prompt_tokens: int = 128,
+    max_seq_len: int = 2048,
+    engine: str = "jax",
+    vocab_size: int = 8000,
+    compile_cache_dir: str = "",
+) -> dict[str, Any]:
+    """Build the engine as a worker would, then measure decode and prefill.
+
+    Returns the settings plus tokens_per_s (slots / median step), step_s and prefill_s
+    (distributions in seconds: p50, p10, p90, min, mean) and build_s.
+    """
+    if context >= max_seq_len or prompt_tokens >= max_seq_len:
+        raise ValueError(f"context {context} and prompt {prompt_tokens} must fit {max_seq_len}")
+    from splitserve.engine import build_engine
+
+    if engine == "jax":
+        from splitserve.engine.jax_setup import configure_jax_runtime
+
+        configure_jax_runtime()
+    config = ModelConfig(
+        engine=engine,
+        path=model,
+        num_slots=slots,
+        max_seq_len=max_seq_len,
+        compile_cache_dir=compile_cache_dir,
+    )
+    t0 = time.perf_counter()
+    eng = build_engine(config, vocab_size)
+    build_s = time.perf_counter() - t0
+    decode = engine_ceiling.measure_decode_ceiling(eng, context, steps)
+    prefill = engine_ceiling.measure_prefill(eng, prompt_tokens)
+    return {
+        "model": model,
+        "engine": engine,
+        "slots": slots,
+        "context": context,
+        "steps": steps,
+        "prompt_tokens": prompt_tokens,
+        "max_seq_len": max_seq_len,
+        "build_s": build_s,
+        "tokens_per_s": decode["tokens_per_s"],
+        "step_s": decode["step_s"],
+        "prefill_s": prefill["prefill_s"],
+        "source": "splitserve.engine.ceiling",
+        "host": _host(engine),
+    }
+
+
+def _host(engine: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "machine": platform.machine()}
+    if engine == "jax":
+        import jax
+
+        info["jax_backend"] = jax.default_backend()
+        info["jax_devices"] = [str(d) for d in jax.devices()]
+    return info

@@ -1,0 +1,150 @@
+"""The server's view of a run: /metrics read before and after, decode step figures from the delta.
+
+The decode worker's step time and step gap (start-to-start time of consecutive busy steps) reach
+/metrics as bucketed histograms; the delta of two scrapes is the distribution seen during the run,
+and its quantiles are interpolated inside buckets (as Prometheus' histogram_quantile does), so
+they are only as fine as the buckets. Where the router also exports the decode worker's
+recent-window quantiles as gauges (`<name>_recent{quantile="0.99"}`), those exact figures are
+reported beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import httpx
+
+from splitserve.bench.stats import QUANTILES, histogram_quantile
+
+STEP_HISTOGRAMS = {
+    "step_gap": "splitserve_decode_step_gap_seconds",
+    "step_time": "splitserve_decode_step_seconds",
+}
+COUNTERS = {
+    "server_generation_tokens": "splitserve_generation_tokens_total",
+    "server_prompt_tokens": "splitserve_prompt_tokens_total",
+}
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_prometheus(text: str) -> Samples:
+    """name -> [(labels, value)] for every sample line of a Prometheus text exposition."""
+    out: Samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(3) or ""))
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            continue
+        out.setdefault(m.group(1), []).append((labels, value))
+    return out
+
+
+def scrape(base_url: str, timeout_s: float = 5.0, api_key: str | None = None) -> Samples | None:
+    """The parsed /metrics of base_url, or None when it cannot be read."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        resp = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s, headers=headers)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    return parse_prometheus(resp.text)
+
+
+def histogram(samples: Samples, name: str) -> dict[str, Any] | None:
+    """bounds (finite, ascending), cumulative counts (incl. +Inf), sum; None when absent."""
+    rows = samples.get(name + "_bucket")
+    if not rows:
+        return None
+    pairs = sorted(
+        (math.inf if labels.get("le") in ("+Inf", "Inf") else float(labels["le"]), value)
+        for labels, value in rows
+        if "le" in labels
+    )
+    total = samples.get(name + "_sum", [({}, 0.0)])[0][1]
+    return {
+        "bounds": [b for b, _ in pairs if b != math.inf],
+        "cumulative": [c for _, c in pairs],
+        "sum": total,
+    }
+
+
+def histogram_delta(
+    before: dict[str, Any] | None, after: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Per-bucket counts observed between two scrapes (after alone if the worker restarted)."""
+    if after is None:
+        return None
+    cum_after = after["cumulative"]
+    cum_before = before["cumulative"] if before else [0.0] * len(cum_after)
+    sum_before = before["sum"] if before else 0.0
+    if (
+        before is None
+        or before["bounds"] != after["bounds"]
+        or any(a < b for a, b in zip(cum_after, cum_before, strict=True))
+    ):
+        cum_before, sum_before = [0.0] * len(cum_after), 0.0  # counters reset: a restart
+    cum = [a - b for a, b in zip(cum_after, cum_before, strict=True)]
+    counts = [cum[0]] + [b - a for a, b in zip(cum, cum[1:], strict=False)]
+    return {"bounds": after["bounds"], "counts": counts, "sum": after["sum"] - sum_before}
+
+
+def summarize_histogram(delta: dict[str, Any] | None) -> dict[str, float] | None:
+    """count, mean and bucket-interpolated quantiles of a histogram delta."""
+    if delta is None:
+        return None
+    count = sum(delta["counts"])
+    out: dict[str, float] = {
+        "count": count,
+        "mean": delta["sum"] / count if count else math.nan,
+    }
+    for key, q in QUANTILES:
+        out[key] = histogram_quantile(delta["bounds"], delta["counts"], q)
+    return out
+
+
+def recent_quantiles(samples: Samples | None, name: str) -> dict[str, float] | None:
+    """The decode worker's recent-window quantiles, when the router exports them as gauges."""
+    rows = (samples or {}).get(name + "_recent")
+    if not rows:
+        return None
+    by_q = {labels.get("quantile"): value for labels, value in rows}
+    out = {}
+    for key, q in QUANTILES:
+        for label in (str(q), f"{q:g}"):
+            if label in by_q:
+                out[key] = by_q[label]
+    return out or None
+
+
+def counter_value(samples: Samples | None, name: str) -> float | None:
+    rows = (samples or {}).get(name)
+    return sum(v for _, v in rows) if rows else None
+
+
+def server_figures(before: Samples | None, after: Samples | None) -> dict[str, Any]:
+    """What the server saw during the run: step gap and step time, token counters."""
+    if after is None:
+        return {"available": False}
+    out: dict[str, Any] = {"available": True}
+    for key, name in STEP_HISTOGRAMS.items():
+        delta = histogram_delta(
+            histogram(before, name) if before else None, histogram(after, name)
+        )
+        out[key] = summarize_histogram(delta)
+        out[key + "_recent"] = recent_quantiles(after, name)
+    for key, name in COUNTERS.items():
+        a, b = counter_value(after, name), counter_value(before, name)
+        out[key] = None if a is None else a - (b or 0.0)
+    return out

@@ -1,0 +1,275 @@
+"""The benchmark tooling: statistics on known data, the SSE and /metrics parsers, load shapes,
+and one small end-to-end run of `splitserve bench` against a real fake-engine stack that checks
+the JSON, Markdown and PNG reports are produced and well-formed (never a timing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import socket
+import struct
+import tempfile
+import time
+
+import httpx
+import pytest
+
+from splitserve.bench import scrape
+from splitserve.bench.__main__ import main as bench_main
+from splitserve.bench.client import RequestResult, _event
+from splitserve.bench.load import LoadSpec, run_load
+from splitserve.bench.prompts import PromptFactory
+from splitserve.bench.stats import distribution, histogram_quantile, percentile, summarize
+from splitserve.config import config_from_dict
+from splitserve.launcher import ProcessStack
+from splitserve.tokenizers import load_tokenizer
+
+# -- statistics ------------------------------------------------------------------------------
+
+
+def test_percentile_interpolates_between_ranks():
+    data = list(range(1, 101))  # 1..100, shuffled order must not matter
+    shuffled = data[::2] + data[1::2]
+    assert percentile(shuffled, 0.5) == pytest.approx(50.5)
+    assert percentile(shuffled, 0.9) == pytest.approx(90.1)
+    assert percentile(shuffled, 0.99) == pytest.approx(99.01)
+    assert percentile(shuffled, 0.0) == 1 and percentile(shuffled, 1.0) == 100
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile([7.0], 0.99) == 7.0
+    assert math.isnan(percentile([], 0.5))
+    with pytest.raises(ValueError):
+        percentile([1.0], 1.5)
+
+
+def test_distribution_figures():
+    d = distribution([0.1, 0.2, 0.3, 0.4, 1.0])
+    assert d["count"] == 5
+    assert d["mean"] == pytest.approx(0.4)
+    assert d["p50"] == pytest.approx(0.3)
+    assert d["p90"] == pytest.approx(0.76)
+    assert d["max"] == 1.0
+    assert math.isnan(distribution([])["p99"])
+
+
+def test_histogram_quantile_matches_prometheus_interpolation():
+    bounds = [1.0, 2.0, 4.0]
+    counts = [10, 10, 20, 0]  # 40 samples, none above 4
+    assert histogram_quantile(bounds, counts, 0.25) == pytest.approx(1.0)
+    assert histogram_quantile(bounds, counts, 0.5) == pytest.approx(2.0)
+    assert histogram_quantile(bounds, counts, 0.75) == pytest.approx(3.0)  # half-way in (2, 4]
+    assert histogram_quantile(bounds, counts, 0.125) == pytest.approx(0.5)  # lower bound 0
+    assert histogram_quantile(bounds, [0, 0, 1, 3], 0.9) == 4.0  # +Inf: the largest bound
+    assert math.isnan(histogram_quantile(bounds, [0, 0, 0, 0], 0.5))
+
+
+def _result(index, start, chunks, tokens, ok=True):
+    return RequestResult(
+        index=index, ok=ok, start=start, ttft=chunks[0] if chunks else None,
+        e2e=chunks[-1] if chunks else None, chunk_times=list(chunks), prompt_tokens=10,
+        completion_tokens=tokens, usage_reported=True, error=None if ok else "HTTP 503: busy",
+    )  # fmt: skip
+
+
+def test_summarize_counts_usage_tokens_and_latencies():
+    results = [
+        _result(0, 0.0, [0.1, 0.2, 0.3, 0.5], 4),
+        _result(1, 0.0, [0.2, 0.4, 0.6, 0.8], 8),  # 8 tokens in 4 chunks
+        _result(2, 0.0, [], 0, ok=False),
+    ]
+    s = summarize(results, duration_s=2.0)
+    assert (s["requests_ok"], s["requests_failed"]) == (2, 1)
+    assert s["errors"] == {"HTTP 503: busy": 1}
+    assert s["output_tokens"] == 12 and s["output_tokens_per_s"] == pytest.approx(6.0)
+    assert s["requests_per_s"] == pytest.approx(1.0)
+    assert s["ttft_s"]["mean"] == pytest.approx(0.15)
+    assert s["e2e_s"]["max"] == pytest.approx(0.8)
+    assert s["itl_s"]["count"] == 6  # gaps 0.1, 0.1, 0.2 and 0.2, 0.2, 0.2
+    assert s["itl_s"]["mean"] == pytest.approx(1.0 / 6)
+    assert s["itl_s"]["max"] == pytest.approx(0.2)
+    # tpot: (0.5 - 0.1) / 3 and (0.8 - 0.2) / 7
+    assert s["tpot_s"]["mean"] == pytest.approx(((0.4 / 3) + (0.6 / 7)) / 2)
+
+
+# -- parsers ---------------------------------------------------------------------------------
+
+
+def test_sse_events_give_text_times_finish_and_usage():
+    r = RequestResult(index=0)
+    chunk = {"choices": [{"index": 0, "text": "h\u00e9llo \U0001f680", "finish_reason": None}]}
+    assert not _event(b"data: " + json.dumps(chunk).encode(), 0.01, r)
+    assert not _event(b'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}]}',
+                      0.02, r)  # fmt: skip
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}'
+    assert not _event(usage, 0.03, r)
+    assert _event(b"data: [DONE]", 0.04, r)
+    assert r.ttft == 0.01 and r.chunk_times == [0.01] and r.text_chars == 7
+    assert r.finish_reason == "length"
+    assert (r.prompt_tokens, r.completion_tokens, r.usage_reported) == (5, 9, True)
+    with pytest.raises(ValueError, match="overloaded"):
+        _event(b'data: {"error":{"message":"overloaded"}}', 0.05, r)
+
+
+METRICS_BEFORE = """# HELP splitserve_decode_step_gap_seconds gap
+# TYPE splitserve_decode_step_gap_seconds histogram
+splitserve_decode_step_gap_seconds_bucket{le="0.001"} 5.0
+splitserve_decode_step_gap_seconds_bucket{le="0.01"} 5.0
+splitserve_decode_step_gap_seconds_bucket{le="+Inf"} 5.0
+splitserve_decode_step_gap_seconds_count 5.0
+splitserve_decode_step_gap_seconds_sum 0.0025
+splitserve_generation_tokens_total 100.0
+"""
+METRICS_AFTER = """splitserve_decode_step_gap_seconds_bucket{le="0.001"} 5.0
+splitserve_decode_step_gap_seconds_bucket{le="0.01"} 105.0
+splitserve_decode_step_gap_seconds_bucket{le="+Inf"} 105.0
+splitserve_decode_step_gap_seconds_count 105.0
+splitserve_decode_step_gap_seconds_sum 0.5025
+splitserve_decode_step_gap_seconds_recent{quantile="0.5"} 0.004
+splitserve_decode_step_gap_seconds_recent{quantile="0.99"} 0.009
+splitserve_generation_tokens_total 1124.0
+"""
+
+
+def test_metrics_delta_gives_the_runs_step_gap():
+    before = scrape.parse_prometheus(METRICS_BEFORE)
+    after = scrape.parse_prometheus(METRICS_AFTER)
+    figures = scrape.server_figures(before, after)
+    gap = figures["step_gap"]
+    assert gap["count"] == 100  # the 5 steps before the run are not counted
+    assert gap["mean"] == pytest.approx(0.005)
+    assert gap["p50"] == pytest.approx(0.001 + 0.009 * 0.5)  # interpolated inside (1 ms, 10 ms]
+    assert figures["step_gap_recent"] == {"p50": 0.004, "p99": 0.009}
+    assert figures["server_generation_tokens"] == 1024
+    assert figures["step_time"] is None  # absent from this exposition
+    restarted = scrape.server_figures(after, before)  # counters went down: after alone counts
+    assert restarted["step_gap"]["count"] == 5
+
+
+# -- loads and prompts -----------------------------------------------------------------------
+
+
+def _fake_send(in_flight: list[int], peak: list[int]):
+    async def send(index: int) -> RequestResult:
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        await asyncio.sleep(0.005)
+        in_flight[0] -= 1
+        return _result(index, time.perf_counter(), [0.001, 0.002], 2)
+
+    return send
+
+
+@pytest.mark.parametrize("spec", [LoadSpec(20, concurrency=4), LoadSpec(20, rate=2000.0),
+                                  LoadSpec(20, concurrency=3, rate=2000.0)])  # fmt: skip
+def test_loads_send_every_request_once_within_the_cap(spec):
+    in_flight, peak = [0], [0]
+    results, duration = asyncio.run(run_load(spec, _fake_send(in_flight, peak)))
+    assert sorted(r.index for r in results) == list(range(20))
+    assert duration > 0
+    if spec.concurrency:
+        assert peak[0] <= spec.concurrency
+    with pytest.raises(ValueError):
+        LoadSpec(0, concurrency=1)
+
+
+def test_prompts_are_sized_exactly_with_a_tokenizer(tokenizer_512):
+    tok = load_tokenizer(tokenizer_512)
+    for unicode in (False, True):
+        factory = PromptFactory(48, unicode=unicode, tokenizer=tok, seed=3)
+        prompts = [factory.prompt(i) for i in range(5)]
+        assert len(set(prompts)) == 5
+        assert [factory.count(p) for p in prompts] == [48] * 5
+        assert factory.prompt(2) == prompts[2]  # repeatable
+    plain = PromptFactory(30, unicode=True).prompt(0)
+    assert any(len(ch.encode()) > 1 for ch in plain)
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fake_stack(tokenizer_512):
+    """A whole processes-mode stack with the fake engine, on a free port; always stopped."""
+    port = _free_port()
+    run_dir = tempfile.mkdtemp(prefix="ss-bench-")
+    config = config_from_dict({
+        "model": {"engine": "fake", "tokenizer": tokenizer_512, "num_slots": 8,
+                  "max_seq_len": 512},
+        "cluster": {"mode": "processes", "detok_workers": 2, "run_dir": run_dir},
+        "router": {"port": port},
+        "lifecycle": {"heartbeat_interval_s": 0.1, "liveness_timeout_s": 1.0},
+    })  # fmt: skip
+    stack = ProcessStack(config, log_dir=f"{run_dir}/logs")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        stack.start()
+        deadline = time.monotonic() + 60
+        while True:
+            assert not stack.dead(), f"a role exited; logs in {run_dir}/logs"
+            assert time.monotonic() < deadline, f"stack not ready in 60 s; logs in {run_dir}/logs"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        stack.stop(timeout_s=15)
+
+
+def test_bench_reports_against_a_fake_stack(fake_stack, tokenizer_512, tmp_path):
+    out_json, out_md, plot_dir = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "plots"
+    rc = bench_main([
+        "--url", fake_stack, "--concurrency", "1,4", "--num-requests", "3,8",
+        "--prompt-tokens", "24", "--output-tokens", "12", "--tokenizer", tokenizer_512,
+        "--unicode-prompts", "--stop", "\u00e9zz", "--stop", "###", "--no-progress",
+        "--warmup-requests", "1", "--out-json", str(out_json), "--out-md", str(out_md),
+        "--plot-dir", str(plot_dir), "--request-timeout", "30",
+    ])  # fmt: skip
+    assert rc == 0
+    report = json.loads(out_json.read_text())
+    runs = report["runs"]
+    assert [r["concurrency"] for r in runs] == [1, 4]
+    for run, n in zip(runs, (3, 8), strict=True):
+        assert (run["requests_ok"], run["requests_failed"]) == (n, 0)
+        assert run["usage_reported"]
+        assert run["mean_prompt_tokens"] == 24  # sized exactly, as the server counts them
+        assert 0 < run["output_tokens"] <= 12 * n  # a stop string may end one early
+        for key in ("ttft_s", "e2e_s"):
+            d = run[key]
+            assert d["count"] == n and 0 < d["p50"] <= d["p90"] <= d["p99"] <= d["max"]
+        assert run["output_tokens_per_s"] > 0
+        server = run["server"]
+        assert server["available"] and server["step_gap"] is not None
+        assert server["server_generation_tokens"] >= run["output_tokens"]
+    md = out_md.read_text()
+    assert "| concurrency 4 | 8 / 0 |" in md and "![latency_cdf.png](plots/latency_cdf.png)" in md
+    for name in ("latency_cdf.png", "throughput_vs_load.png"):
+        data = (plot_dir / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", data[16:24])
+        assert width > 300 and height > 200
+
+
+def test_bench_fails_clearly_without_a_server(capsys):
+    rc = bench_main(["--url", f"http://127.0.0.1:{_free_port()}", "--no-progress"])
+    assert rc == 2
+    assert "no server at" in capsys.readouterr().err
+
+
+def test_ceiling_with_the_fake_engine(tmp_path):
+    out = tmp_path / "ceiling.json"
+    rc = bench_main(["--ceiling", "--engine", "fake", "--slots", "4", "--context", "40",
+                     "--steps", "20", "--prompt-tokens", "16", "--max-seq-len", "128",
+                     "--vocab-size", "512", "--out-json", str(out)])  # fmt: skip
+    assert rc == 0
+    c = json.loads(out.read_text())
+    assert c["slots"] == 4 and c["tokens_per_s"] > 0
+    assert 0 < c["step_s"]["p50"] and c["prefill_s"]["p50"] > 0
