@@ -87,7 +87,7 @@ class DecodeWorker(WorkerLoop):
         return self.config.addresses.decode
 
     def warmup(self) -> dict[str, Any]:
-        self.engine.warmup()
+        self.engine.warmup(prefill=False)  # only this role's side of the engine
         return {"num_slots": self.engine.num_slots, "max_seq_len": self.engine.max_seq_len}
 
     # ---- messages ----

@@ -72,7 +72,7 @@ class PrefillWorker(WorkerLoop):
         return self.config.addresses.prefill
 
     def warmup(self) -> dict[str, Any]:
-        self.engine.warmup()
+        self.engine.warmup(decode=False)  # only this role's side of the engine
         return {"max_seq_len": self.engine.max_seq_len, "vocab_size": self.engine.vocab_size}
 
     def loop_once(self) -> None:

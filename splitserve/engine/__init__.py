@@ -19,10 +19,16 @@ def build_engine(model: ModelConfig, vocab_size: int) -> Engine:
             prefill_s=model.fake_prefill_s,
         )
     from splitserve.engine.jax_engine import build_jax_engine
-    from splitserve.engine.jax_setup import enable_compilation_cache
+    from splitserve.engine.jax_setup import (
+        backend_started,
+        configure_jax_runtime,
+        enable_compilation_cache,
+    )
 
-    if model.compile_cache_dir:
-        enable_compilation_cache(model.compile_cache_dir)
+    if not backend_started():  # in threads mode the second engine finds JAX set up already
+        configure_jax_runtime(cpu_threads=model.cpu_threads or None)
+        if model.compile_cache_dir:
+            enable_compilation_cache(model.compile_cache_dir)
     return build_jax_engine(resolve_model_path(model.path), model.num_slots, model.max_seq_len)
 
 

@@ -49,8 +49,9 @@ class FakeEngine(Engine):
         self._position = np.zeros(num_slots, np.int64)  # next output position per slot
         self._live = np.zeros(num_slots, bool)
 
-    def warmup(self) -> None:
-        self.prefill([1, 2, 3], SamplingParams())
+    def warmup(self, prefill: bool = True, decode: bool = True) -> None:
+        if prefill:
+            self.prefill([1, 2, 3], SamplingParams())
 
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams) -> Prefix:
         if not tokens:

@@ -55,8 +55,9 @@ class Engine(abc.ABC):
     vocab_size: int
 
     @abc.abstractmethod
-    def warmup(self) -> None:
-        """Compile every shape this engine will run (prefill buckets, the decode step)."""
+    def warmup(self, prefill: bool = True, decode: bool = True) -> None:
+        """Compile every shape this engine will run: the prefill buckets (a prefill worker's
+        side) and the decode steps (a decode worker's side)."""
 
     @abc.abstractmethod
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams) -> Prefix:

@@ -1,0 +1,158 @@
+"""The engine's own ceiling: the decode step in a tight loop and the prefill pass, no serving.
+
+Served throughput is judged against these figures. Run as a script:
+
+    python -m splitserve.engine.ceiling --model random:tiny-7m --slots 16 --context 160
+
+Every slot holds a sequence of about `context` tokens: all slots are refilled every
+`refill_every` steps (untimed) so the attended length stays near `context` instead of
+drifting upward over a long run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from splitserve.engine.interface import Engine, SamplingParams
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return {
+        "p50": statistics.median(ordered),
+        "p10": pick(0.10),
+        "p90": pick(0.90),
+        "min": ordered[0],
+        "mean": statistics.fmean(ordered),
+    }
+
+
+def _prompt(n: int, vocab: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, vocab, n)]
+
+
+def measure_decode_ceiling(
+    engine: Engine,
+    context_len: int,
+    steps: int,
+    *,
+    sampling: SamplingParams | None = None,
+    refill_every: int = 32,
+    warm_steps: int = 3,
+) -> dict:
+    """Fill every slot with a ~context_len prefix, time `steps` generate() calls.
+
+    Returns step_s (p50/p10/p90/min/mean seconds), tokens_per_s (slots / median step) and
+    the settings. One prefill serves all slots (insert copies it into each).
+    """
+    sampling = sampling or SamplingParams()
+    slots = engine.num_slots
+    span = max(1, min(refill_every, engine.max_seq_len - context_len - 1))
+    prefix = engine.prefill(_prompt(context_len, engine.vocab_size, 0), sampling)
+
+    def refill() -> None:
+        for slot in range(slots):
+            engine.insert(prefix, slot, SamplingParams(
+                sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed + slot))
+        engine.generate()  # untimed: absorbs any cache resize after the refill
+
+    refill()
+    for _ in range(warm_steps):
+        engine.generate()
+    times: list[float] = []
+    done_since_refill = span  # refill before the first timed step
+    while len(times) < steps:
+        if done_since_refill >= span - 1:
+            refill()
+            done_since_refill = 0
+        t = time.perf_counter()
+        engine.generate()  # returns host arrays: the step has finished
+        times.append(time.perf_counter() - t)
+        done_since_refill += 1
+    for slot in range(slots):
+        engine.free(slot)
+    step = _summary(times)
+    return {
+        "slots": slots,
+        "context_len": context_len,
+        "steps": steps,
+        "greedy": sampling.temperature == 0,
+        "step_s": step,
+        "tokens_per_s": slots / step["p50"],
+    }
+
+
+def measure_prefill(engine: Engine, prompt_len: int, repeats: int = 10) -> dict:
+    """Time prefill of a prompt_len-token prompt (after one untimed call that warms it)."""
+    engine.prefill(_prompt(prompt_len, engine.vocab_size, 1), SamplingParams())
+    times = []
+    for i in range(repeats):
+        prompt = _prompt(prompt_len, engine.vocab_size, 2 + i)
+        t = time.perf_counter()
+        engine.prefill(prompt, SamplingParams())
+        times.append(time.perf_counter() - t)
+    summary = _summary(times)
+    return {
+        "prompt_len": prompt_len,
+        "prefill_s": summary,
+        "tokens_per_s": prompt_len / summary["p50"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    from splitserve.engine.jax_engine import build_jax_engine
+    from splitserve.engine.jax_setup import configure_jax_runtime, enable_compilation_cache
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="random:tiny-7m",
+                    help="random:<preset>[:seed], a .gguf file, a HF folder, or 'default'")
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--context", type=int, default=160)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--max-seq-len", type=int, default=1024)
+    ap.add_argument("--prompt", type=int, default=128, help="prefill prompt length")
+    ap.add_argument("--temperature", type=float, default=0.0, help=">0: the sampling path")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="XLA intra-op threads (default: one per CPU)")
+    ap.add_argument("--compile-cache", default=None, help="persistent compilation cache dir")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    configure_jax_runtime(cpu_threads=args.cpu_threads)
+    if args.compile_cache:
+        enable_compilation_cache(args.compile_cache)
+    model = args.model
+    if model == "default":
+        from splitserve.engine.default_model import default_model_path
+
+        model = default_model_path()
+    t = time.perf_counter()
+    engine = build_jax_engine(model, args.slots, args.max_seq_len)
+    built = time.perf_counter() - t
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=1)
+    decode = measure_decode_ceiling(engine, args.context, args.steps, sampling=sampling)
+    prefill = measure_prefill(engine, args.prompt)
+    if args.json:
+        print(json.dumps({"model": args.model, "build_s": built, "decode": decode,
+                          "prefill": prefill}))
+        return
+    step = decode["step_s"]
+    print(f"model {args.model}: {engine.cfg.num_params() / 1e6:.1f}M params, built in "
+          f"{built:.1f}s")
+    print(f"decode  slots={args.slots} context~{args.context}: step p50 "
+          f"{step['p50'] * 1e3:.2f} ms (p10 {step['p10'] * 1e3:.2f}, p90 "
+          f"{step['p90'] * 1e3:.2f}) -> {decode['tokens_per_s']:.0f} tokens/s")
+    pre = prefill["prefill_s"]
+    print(f"prefill {args.prompt} tokens: p50 {pre['p50'] * 1e3:.1f} ms "
+          f"(min {pre['min'] * 1e3:.1f}) -> {prefill['tokens_per_s']:.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
