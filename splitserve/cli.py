@@ -121,17 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="splitserve")
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_args(sub.add_parser("serve", help="start the whole local stack"))
-    bench = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="benchmark an endpoint (splitserve bench --help)", add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # the bench parses its own options
+        from splitserve.bench.__main__ import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s"
     )
-    if args.command == "serve":
-        return serve(args)
-    from splitserve.bench.__main__ import main as bench_main
-
-    return bench_main(args.rest)
+    return serve(args)
 
 
 if __name__ == "__main__":
