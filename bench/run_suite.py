@@ -65,6 +65,7 @@ class Section:
     stop: tuple[str, ...] = ()
     unicode_prompts: bool = False
     max_running: int = 64
+    cpu_threads: int = 0  # XLA threads per served engine process (0: one per CPU)
     ceiling: bool = True
     ceiling_steps: int = 200
     ready_timeout_s: float = 900.0
@@ -111,6 +112,7 @@ def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
         num_requests=(8, 64, 128, 256),
         prompt_tokens=128,
         output_tokens=64,
+        cpu_threads=1,  # a second XLA thread gains nothing on the 7M shape; the stack needs it
     )
     detok = Section(
         key="detok",
@@ -128,6 +130,7 @@ def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
         unicode_prompts=True,
         max_running=128,
         ceiling_steps=100,
+        cpu_threads=1,
     )
     fake = Section(
         key="fake",
@@ -219,6 +222,7 @@ class Stack:
                 "tokenizer": s.tokenizer,
                 "num_slots": s.slots,
                 "max_seq_len": s.max_seq_len,
+                "cpu_threads": s.cpu_threads,
             },
             "cluster": {"mode": mode, "detok_workers": 2, "run_dir": run_dir},
             "router": {"host": "127.0.0.1", "port": self.port, "max_running": s.max_running,
