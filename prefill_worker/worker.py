@@ -54,7 +54,7 @@ class PrefillWorker(WorkerLoop):
         environ: dict[str, str],
     ):
         super().__init__(config, index, ctx, stop)
-        self.engine = build_engine(config.model, engine_vocab_size(config.model))
+        self.engine = build_engine(config.model, engine_vocab_size(config.model), role="prefill")
         faults = faults_from_env(environ)
         self.decode = Sender(ctx, config.addresses.decode, self.counters)
         self.detoks = [

@@ -48,7 +48,9 @@ class ModelConfig:
     num_slots: int = 16
     max_seq_len: int = 2048
     compile_cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "jax")
-    cpu_threads: int = 0  # XLA's intra-op threads per engine process; 0: one per CPU
+    # XLA intra-op threads of the decode engine's process (0: one per CPU). The prefill engine
+    # always uses every CPU: its work comes in bursts that should finish fast.
+    cpu_threads: int = 0
     # fake engine only: seconds each decode step and each prefill take (simulated compute)
     fake_step_s: float = 0.0
     fake_prefill_s: float = 0.0

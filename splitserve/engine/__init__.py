@@ -6,8 +6,9 @@ from splitserve.config import ModelConfig
 from splitserve.engine.interface import Engine
 
 
-def build_engine(model: ModelConfig, vocab_size: int) -> Engine:
-    """The engine a worker drives. vocab_size (the tokenizer's) sizes the fake engine only."""
+def build_engine(model: ModelConfig, vocab_size: int, role: str = "decode") -> Engine:
+    """The engine a worker drives. vocab_size (the tokenizer's) sizes the fake engine only;
+    role ("prefill" or "decode") picks the XLA thread count (model.cpu_threads is decode's)."""
     if model.engine == "fake":
         from splitserve.engine.fake import FakeEngine
 
@@ -26,7 +27,8 @@ def build_engine(model: ModelConfig, vocab_size: int) -> Engine:
     )
 
     if not backend_started():  # in threads mode the second engine finds JAX set up already
-        configure_jax_runtime(cpu_threads=model.cpu_threads or None)
+        threads = model.cpu_threads if role == "decode" else 0
+        configure_jax_runtime(cpu_threads=threads or None)
         if model.compile_cache_dir:
             enable_compilation_cache(model.compile_cache_dir)
     return build_jax_engine(resolve_model_path(model.path), model.num_slots, model.max_seq_len)
