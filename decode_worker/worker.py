@@ -136,6 +136,7 @@ class DecodeWorker(WorkerLoop):
         self.gone.add(rid)
         slot = self.slot_of.pop(rid, None)
         if slot is not None:
+            log.info("%s released from slot %d", rid, slot)
             self.slots[slot] = None
             self.engine.free(slot)
             return
@@ -160,6 +161,7 @@ class DecodeWorker(WorkerLoop):
                 header.request_id, header.detok_index, header.stop, 1, header.length + 1
             )
             self.slot_of[header.request_id] = slot
+            log.info("%s inserted in slot %d", header.request_id, slot)
 
     def fail(self, request_ids: list[str], message: str) -> None:
         log.warning("decode: failing %s: %s", request_ids, message)
@@ -196,6 +198,7 @@ class DecodeWorker(WorkerLoop):
             batch.logprobs.append(logprobs[slot])
             batch.finishes.append(finish)
             if finish != FINISH_NONE:
+                log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
                 del self.slot_of[state.request_id]
                 self.slots[slot] = None
                 self.engine.free(slot)

@@ -104,6 +104,7 @@ class DetokWorker(WorkerLoop):
                 continue
             stream = Stream.open(rid, opened.detok, opened.logprobs, self.table)
             self.streams[rid] = stream
+            log.info("%s stream opened", rid)
             _, early = self.early.pop(rid, (0.0, []))
             for entry in early:
                 self.add(stream, *entry)
@@ -137,6 +138,8 @@ class DetokWorker(WorkerLoop):
             deltas.append(delta)
             self.tokens_done += len(delta.token_ids)
             if delta.finish_reason:
+                log.info("%s stream ended: %s after %d tokens", rid, delta.finish_reason,
+                         stream.emitted_tokens)  # fmt: skip
                 if stream.stopped_by_string:
                     stopped.append(rid)
                 self.forget(rid)

@@ -114,8 +114,11 @@ class PrefillWorker(WorkerLoop):
         except ValueError as exc:  # a request the engine cannot run (too long, bad params)
             self.fail([rid], f"prefill failed: {exc}")
             return
-        self.prefill_time.observe(time.perf_counter() - start)
+        took = time.perf_counter() - start
+        self.prefill_time.observe(took)
         self.prefills += 1
+        log.info("%s prefilled: %d tokens in %.1f ms, detok %d", rid, prefix.length, took * 1e3,
+                 req.detok_index)  # fmt: skip
         max_seq_len = self.engine.max_seq_len
         finish = token_finish(req.stop, prefix.first_token, 1, prefix.length + 1, max_seq_len)
         if finish == FINISH_NONE:

@@ -367,6 +367,16 @@ def test_request_id_is_used_and_echoed(stack, model):
     with open(f"{stack.logs()}/router-0.log") as fh:
         log = fh.read()
     assert f"{rid}-0 admitted" in log and f"{rid}-1 admitted" in log
+    # every process that handled the request logged its id
+    for name in ("prefill-0", "decode-0"):
+        with open(f"{stack.logs()}/{name}.log") as fh:
+            log = fh.read()
+        assert f"{rid}-0 " in log and f"{rid}-1 " in log, name
+    detok_logs = ""
+    for k in range(stack.config.detok_count):
+        with open(f"{stack.logs()}/detok-{k}.log") as fh:
+            detok_logs += fh.read()
+    assert f"{rid}-0 stream opened" in detok_logs and f"{rid}-1 stream opened" in detok_logs
 
 
 def test_duplicate_in_flight_request_id_is_refused(stack):

@@ -117,3 +117,23 @@ def test_sigterm_lets_running_requests_finish(tokenizer_512, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_launcher_pins_roles_to_their_cpus(tokenizer_512):
+    """[hosts.<name>.cpus] (ProcessStack cpus=...) pins a role's process to its CPUs."""
+    from splitserve.launcher import ProcessStack
+    from tests.pipeline_util import make_config
+
+    config = make_config(tokenizer_512)
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    stack = ProcessStack(config, roles=("detok",), cpus={"detok": [cpu]})
+    try:
+        stack.start()
+        pids = stack.pids()
+        deadline = time.monotonic() + 30
+        while any(os.sched_getaffinity(p) != {cpu} for p in pids):
+            assert time.monotonic() < deadline, "detok workers were not pinned"
+            assert not stack.dead(), "a detok worker exited"
+            time.sleep(0.1)
+    finally:
+        stack.stop(timeout_s=10)
