@@ -100,8 +100,9 @@ def serve(args: argparse.Namespace) -> int:
             return 0
         print(
             f"splitserve: ready on http://{host}:{port}\n"
-            f"  curl http://{host}:{port}/v1/completions -H 'Content-Type: application/json' "
-            f"""-d '{{"prompt": "The capital of France is", "max_tokens": 16}}'""",
+            f"  curl http://{host}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+            """-d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], """
+            """"temperature": 0}'""",
             flush=True,
         )
         while stop["signal"] is None:
