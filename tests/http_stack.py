@@ -84,8 +84,10 @@ def wait_healthy(url: str, timeout_s: float, stack: ProcessStack | None = None) 
         if stack is not None and stack.dead():
             names = ", ".join(c.name for c in stack.dead())
             raise AssertionError(f"{names} exited before the stack was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            r = httpx.get(f"{url}/health", timeout=2)
+            # 200 means a full pipeline; tests also want every detok worker on the ring
+            if r.status_code == 200 and all(w["state"] == "ready" for w in r.json()["workers"]):
                 return
         time.sleep(0.1)
     raise AssertionError(f"{url}/health not 200 within {timeout_s} s")

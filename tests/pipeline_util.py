@@ -55,6 +55,12 @@ async def pipeline(config: ClusterConfig, env: dict[str, str] | None = None, rea
             await core.wait_ready(ready_s)
         except TimeoutError:
             raise AssertionError(f"pipeline not ready in {ready_s}s; logs in {log_dir}") from None
+        # a full pipeline admits requests; tests also want every detok worker on the ring
+        await wait_for(
+            lambda: all(w.state == "ready" for w in core.workers.workers.values()),
+            ready_s,
+            f"every worker ready; logs in {log_dir}",
+        )
         yield core, stack
     finally:
         await core.close()

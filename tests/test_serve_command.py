@@ -60,8 +60,14 @@ def test_serve_starts_stack_and_stops_every_child(tokenizer_512, sig, mode):
             if "ready on" in line:
                 break
         assert f"http://127.0.0.1:{port}" in lines[-1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
-            health = json.loads(resp.read())
+        deadline = time.monotonic() + 30
+        while True:  # ready means a full pipeline; wait for every worker before counting pids
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+                health = json.loads(resp.read())
+            if all(w["state"] == "ready" for w in health["workers"]):
+                break
+            assert time.monotonic() < deadline, health
+            time.sleep(0.1)
         pids = {w["pid"] for w in health["workers"]}
         assert len(pids) == (4 if mode == "processes" else 1)
         pids |= children_of(proc.pid)  # the router process too
