@@ -26,8 +26,13 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+# JSON leaves these unescaped, but many SSE clients (httpx's iter_lines, str.splitlines) break lines
+# at them, which would cut an event in two: escape them (they can only occur inside strings).
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(payload: dict[str, Any]) -> bytes:
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
     return b"data: " + text.encode() + b"\n\n"
 
 
