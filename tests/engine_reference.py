@@ -30,8 +30,10 @@ def random_hf_weights(
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
 
-    w = {"model.embed_tokens.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)
-         * np.float32(2.0 / np.sqrt(hidden))}
+    w = {
+        "model.embed_tokens.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)
+        * np.float32(2.0 / np.sqrt(hidden))
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)

@@ -119,8 +119,7 @@ def test_read_only_prefix_from_a_buffer(engine):
     engine.free(1)
     views = [np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape) for a in p.kv]
     assert not views[0].flags.writeable
-    got, _ = _decode(engine, Prefix(views, p.length, p.first_token, p.first_logprob), 2,
-                     SAMPLED, 8)
+    got, _ = _decode(engine, Prefix(views, p.length, p.first_token, p.first_logprob), 2, SAMPLED, 8)
     assert got == want
 
 

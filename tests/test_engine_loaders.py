@@ -27,8 +27,9 @@ TOKENS = [5, 17, 250, 3, 99, 42, 7, 7, 1, 280, 64]
 
 
 def _weights(seed: int, tied: bool) -> dict[str, np.ndarray]:
-    return random_hf_weights(np.random.default_rng(seed), VOCAB, HIDDEN, INTER, *SHAPE.values(),
-                             tied)
+    return random_hf_weights(
+        np.random.default_rng(seed), VOCAB, HIDDEN, INTER, *SHAPE.values(), tied
+    )
 
 
 def _check_logits(model: str, w: dict[str, np.ndarray]) -> None:
@@ -49,8 +50,11 @@ def _check_logits(model: str, w: dict[str, np.ndarray]) -> None:
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py's LlamaModel.permute: each head's rotary halves -> pairs."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _f16(x: float) -> bytes:
@@ -80,9 +84,12 @@ def pack_q4_k(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarra
                 scales[j] |= (mn[j] >> 4) << 6
             qs = np.zeros(128, np.uint8)
             for c in range(4):
-                qs[32 * c:32 * c + 32] = q[64 * c:64 * c + 32] | (q[64 * c + 32:64 * c + 64] << 4)
-            out[r, b] = np.frombuffer(_f16(d) + _f16(dmin) + scales.tobytes() + qs.tobytes(),
-                                      np.uint8)
+                qs[32 * c : 32 * c + 32] = q[64 * c : 64 * c + 32] | (
+                    q[64 * c + 32 : 64 * c + 64] << 4
+                )
+            out[r, b] = np.frombuffer(
+                _f16(d) + _f16(dmin) + scales.tobytes() + qs.tobytes(), np.uint8
+            )
             sub = np.arange(256) // 32
             val[r, b] = np.float32(d) * sc[sub] * q - np.float32(dmin) * mn[sub]
     return out.reshape(rows, -1), val.reshape(rows, cols)
@@ -106,25 +113,37 @@ def pack_q6_k(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarra
                     ql[64 * n + lo + 32] = (bb & 0xF) | ((e & 0xF) << 4)
                     hi = (a >> 4) | ((bb >> 4) << 2) | ((c >> 4) << 4) | ((e >> 4) << 6)
                     qh[32 * n + lo] = hi
-            out[r, b] = np.frombuffer(ql.tobytes() + qh.tobytes() + sc.tobytes() + _f16(d),
-                                      np.uint8)
+            out[r, b] = np.frombuffer(
+                ql.tobytes() + qh.tobytes() + sc.tobytes() + _f16(d), np.uint8
+            )
             val[r, b] = np.float32(d) * sc[np.arange(256) // 16].astype(np.float32) * (q - 32)
     return out.reshape(rows, -1), val.reshape(rows, cols)
 
 
 # Per (GGUF name, layer): the type it is stored as. Both K-quants sit on ffn_down (256 wide).
 TYPES = {
-    ("attn_q", 0): Q.Q4_0, ("attn_q", 1): Q.F32,
-    ("attn_k", 0): Q.Q4_1, ("attn_k", 1): Q.BF16,
-    ("attn_v", 0): Q.F16, ("attn_v", 1): Q.Q8_0,
-    ("attn_output", 0): Q.BF16, ("attn_output", 1): Q.Q4_0,
-    ("ffn_gate", 0): Q.Q8_0, ("ffn_gate", 1): Q.Q4_1,
-    ("ffn_up", 0): Q.F16, ("ffn_up", 1): Q.F32,
-    ("ffn_down", 0): Q.Q4_K, ("ffn_down", 1): Q.Q6_K,
+    ("attn_q", 0): Q.Q4_0,
+    ("attn_q", 1): Q.F32,
+    ("attn_k", 0): Q.Q4_1,
+    ("attn_k", 1): Q.BF16,
+    ("attn_v", 0): Q.F16,
+    ("attn_v", 1): Q.Q8_0,
+    ("attn_output", 0): Q.BF16,
+    ("attn_output", 1): Q.Q4_0,
+    ("ffn_gate", 0): Q.Q8_0,
+    ("ffn_gate", 1): Q.Q4_1,
+    ("ffn_up", 0): Q.F16,
+    ("ffn_up", 1): Q.F32,
+    ("ffn_down", 0): Q.Q4_K,
+    ("ffn_down", 1): Q.Q6_K,
 }
 HF_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 
@@ -161,7 +180,8 @@ def write_gguf(path: str, w: dict[str, np.ndarray], seed: int = 0) -> dict[str, 
     writer.add_layer_norm_rms_eps(EPS)
     stored = dict(w)
     stored["model.embed_tokens.weight"] = _store(
-        writer, "token_embd.weight", w["model.embed_tokens.weight"], Q.Q8_0, rng)
+        writer, "token_embd.weight", w["model.embed_tokens.weight"], Q.Q8_0, rng
+    )
     for i in range(SHAPE["layers"]):
         p = f"model.layers.{i}."
         writer.add_tensor(f"blk.{i}.attn_norm.weight", w[p + "input_layernorm.weight"])
@@ -171,17 +191,19 @@ def write_gguf(path: str, w: dict[str, np.ndarray], seed: int = 0) -> dict[str, 
             if name in ("attn_q", "attn_k"):
                 n = heads if name == "attn_q" else kv_heads
                 # quantization works row by row, so permuting rows commutes with it
-                seen = _store(writer, f"blk.{i}.{name}.weight", llama_cpp_permute(mat, n),
-                              TYPES[name, i], rng)
+                seen = _store(
+                    writer, f"blk.{i}.{name}.weight", llama_cpp_permute(mat, n), TYPES[name, i], rng
+                )
                 stored[p + hf + ".weight"] = seen[
-                    np.argsort(llama_cpp_permute(np.arange(mat.shape[0]), n))]
+                    np.argsort(llama_cpp_permute(np.arange(mat.shape[0]), n))
+                ]
             else:
                 stored[p + hf + ".weight"] = _store(
-                    writer, f"blk.{i}.{name}.weight", mat, TYPES[name, i], rng)
+                    writer, f"blk.{i}.{name}.weight", mat, TYPES[name, i], rng
+                )
     writer.add_tensor("output_norm.weight", w["model.norm.weight"])
     if "lm_head.weight" in w:
-        stored["lm_head.weight"] = _store(writer, "output.weight", w["lm_head.weight"], Q.F16,
-                                          rng)
+        stored["lm_head.weight"] = _store(writer, "output.weight", w["lm_head.weight"], Q.F16, rng)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -220,11 +242,19 @@ def test_gguf_other_architecture_is_refused(tmp_path):
 
 def _hf_config(tied: bool) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER,
-        "num_hidden_layers": SHAPE["layers"], "num_attention_heads": SHAPE["heads"],
-        "num_key_value_heads": SHAPE["kv_heads"], "rope_theta": THETA, "rms_norm_eps": EPS,
-        "tie_word_embeddings": tied, "max_position_embeddings": 512, "rope_scaling": None,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": SHAPE["layers"],
+        "num_attention_heads": SHAPE["heads"],
+        "num_key_value_heads": SHAPE["kv_heads"],
+        "rope_theta": THETA,
+        "rms_norm_eps": EPS,
+        "tie_word_embeddings": tied,
+        "max_position_embeddings": 512,
+        "rope_scaling": None,
     }
 
 
@@ -233,8 +263,11 @@ def _write_bf16_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
     header, blobs, offset = {}, [], 0
     for name, arr in tensors.items():
         data = (arr.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     head = json.dumps(header).encode()
@@ -254,8 +287,10 @@ def test_hf_folder_loads_and_matches_reference(tmp_path, layout):
         save_file(w, str(folder / "model.safetensors"))
     elif layout == "sharded":
         names = sorted(w)
-        shards = {"model-00001-of-00002.safetensors": names[::2],
-                  "model-00002-of-00002.safetensors": names[1::2]}
+        shards = {
+            "model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2],
+        }
         for shard, keys in shards.items():  # one shard float16, to cover the conversion
             dt = np.float16 if shard.startswith("model-00002") else np.float32
             save_file({k: w[k].astype(dt) for k in keys}, str(folder / shard))

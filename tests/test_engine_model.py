@@ -54,16 +54,29 @@ def test_logits_match_numpy_reference(name):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     w = random_hf_weights(rng, vocab, hidden, inter, layers, heads, kv_heads, head_dim, tied)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden=hidden, intermediate=inter, layers=layers, heads=heads,
-        kv_heads=kv_heads, head_dim=head_dim, rope_theta=theta, rms_eps=1e-5,
+        vocab_size=vocab,
+        hidden=hidden,
+        intermediate=inter,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=theta,
+        rms_eps=1e-5,
         tie_embeddings=tied,
     )
     tokens = [int(t) for t in rng.integers(0, vocab, 19)]
     params = llama_model.prepare_params(cfg, canonical_from_hf(w, layers, tied))
     got = np.asarray(jax.jit(llama_model.forward, static_argnums=0)(cfg, params, np.array(tokens)))
     want = reference_logits(
-        w, tokens, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        rope_theta=theta, rms_eps=1e-5,
+        w,
+        tokens,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=theta,
+        rms_eps=1e-5,
     )
     assert np.abs(want).max() > 1.0  # the comparison is not between near-zero numbers
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)

@@ -28,8 +28,12 @@ def _run(logits, temperature, top_k, top_p, seeds, positions):
     n = logits.shape[0]
     full = lambda v, dt: np.broadcast_to(np.asarray(v, dt), (n,))
     tok, lp = _sample(
-        jnp.asarray(logits, jnp.float32), full(temperature, np.float32), full(top_k, np.int32),
-        full(top_p, np.float32), full(seeds, np.uint32), full(positions, np.int32),
+        jnp.asarray(logits, jnp.float32),
+        full(temperature, np.float32),
+        full(top_k, np.int32),
+        full(top_p, np.float32),
+        full(seeds, np.uint32),
+        full(positions, np.int32),
     )
     return np.asarray(tok), np.asarray(lp)
 
@@ -41,8 +45,9 @@ def test_greedy_picks_the_first_of_tied_maxima():
     logits[2, 199] = 2.0  # the last, padded block
     tok, lp = _greedy(logits)
     np.testing.assert_array_equal(np.asarray(tok), [70, 3, 199])
-    np.testing.assert_allclose(np.asarray(lp), _log_softmax(logits)[np.arange(3), [70, 3, 199]],
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(lp), _log_softmax(logits)[np.arange(3), [70, 3, 199]], atol=1e-6
+    )
 
 
 def test_greedy_is_argmax_with_unscaled_logprob():

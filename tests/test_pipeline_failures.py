@@ -39,7 +39,8 @@ def test_killed_worker_fails_its_requests_then_service_resumes(tokenizer_512, ro
         async with pipeline(config) as (core, stack):
             params = RequestParams(max_tokens=400, ignore_eos=True)
             handles = [await core.submit(prompt, params) for _ in range(8)]
-            await asyncio.sleep(0.3)  # mid-stream (prefill: most still queued there)
+            # mid-stream: tokens are flowing (with a slow prefill, most still wait there)
+            await wait_for(lambda: any(h.completion_tokens for h in handles), 30, "first tokens")
             victims = [h for h in handles if role != "detok" or h.detok_index == 0]
             killed_at = time.monotonic()
             stack.kill(role, 0)

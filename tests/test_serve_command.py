@@ -114,7 +114,14 @@ def test_sigterm_lets_running_requests_finish(tokenizer_512, tmp_path):
             target=lambda: result.update(stream_completion(f"http://127.0.0.1:{port}", "hi", 300))
         )
         t.start()
-        time.sleep(0.5)  # about 50 of 300 tokens in
+        # the request is running (300 tokens at 10 ms a step: seconds to go) when SIGTERM comes
+        deadline = time.monotonic() + 30
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+                if json.loads(resp.read())["running"] == 1:
+                    break
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         t.join(timeout=60)
         assert result["finish_reason"] == "length" and result["tokens"] == 300, result

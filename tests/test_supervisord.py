@@ -106,6 +106,14 @@ def _detok_of(router_log) -> dict[str, int]:
     return pinned
 
 
+def _generated(url: str) -> float:
+    """Tokens the router has delivered so far, from /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    m = re.search(r"^splitserve_generation_tokens_total (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def _wait(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -158,8 +166,9 @@ def test_supervisord_restarts_killed_workers(tokenizer_512, tmp_path):
         seen_pids |= set(sup.all_pids())
 
         for victim, program in (("detok", "detok:detok-0"), ("decode", "decode")):
+            before = _generated(url)
             results, threads = _load(url, 12, 1000)  # 4 slots: three waves of streams
-            time.sleep(1.0)  # tokens are flowing
+            _wait(lambda b=before: _generated(url) > b + 100, 30, "tokens flowing")
             old_pid = sup.pid(program)
             killed_at = time.time()
             os.kill(old_pid, signal.SIGKILL)

@@ -113,6 +113,17 @@ roles = ["decode", "detok"]
 """
 
 
+def _generated(hosts: TwoHosts) -> float:
+    """Tokens the router (inside the prefill host's namespace) has delivered, from /metrics."""
+    code = (
+        "import re, urllib.request as u;"
+        f"t = u.urlopen('http://{SUBNET}.1:8000/metrics', timeout=5).read().decode();"
+        "m = re.search(r'^splitserve_generation_tokens_total (\\S+)$', t, re.M);"
+        "print(m.group(1) if m else 0)"
+    )
+    return float(hosts.run("p", [sys.executable, "-c", code], timeout=30).strip() or 0)
+
+
 def _wait_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     seen = []
@@ -166,11 +177,15 @@ def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path)
         assert all(r["finish_reason"] == "length" and r["tokens"] == 24 for r in results), results
 
         # cut the link while streams are running
+        before = _generated(two_hosts)
         load = two_hosts.popen(
             "p", [*client, "--requests", "12", "--max-tokens", "1000"],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while _generated(two_hosts) < before + 100:  # tokens are crossing the link
+            assert time.monotonic() < deadline, "no tokens flowing before the cut"
+            time.sleep(0.1)
         cut_at = time.time()
         two_hosts.link(False)
         out, _ = load.communicate(timeout=120)

@@ -275,9 +275,7 @@ def interesting_ids(tok: Tokenizer) -> list[int]:
 @functools.cache
 def id_lists(tok: Tokenizer, max_size: int = 24) -> st.SearchStrategy[list[int]]:
     anywhere = st.integers(0, tok.vocab_size - 1)
-    return st.lists(
-        st.one_of(anywhere, st.sampled_from(interesting_ids(tok))), max_size=max_size
-    )
+    return st.lists(st.one_of(anywhere, st.sampled_from(interesting_ids(tok))), max_size=max_size)
 
 
 @functools.cache
