@@ -82,7 +82,8 @@ def serve(args: argparse.Namespace) -> int:
         roles = ("router",)  # the router process runs every role as a thread
     else:
         roles = ("prefill", "decode", "detok", "router")
-    stack = ProcessStack(config, roles=roles)
+    cpus = {role: list(cs) for role, cs in config.cpus.items()}
+    stack = ProcessStack(config, roles=roles, cpus=cpus)
     stack.start()
     host, port = config.router.host, config.router.port
     print(f"splitserve: starting {config.mode} stack, model {config.model.path!r} ...", flush=True)

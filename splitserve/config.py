@@ -97,6 +97,8 @@ class ClusterConfig:
     detok_workers: int = 2
     run_dir: str = ""
     hosts: dict[str, Any] = field(default_factory=dict)  # deploy/launch.sh: host -> roles, cpus
+    # `splitserve serve` (processes mode): role -> the CPUs its processes are pinned to
+    cpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def detok_count(self) -> int:
@@ -151,6 +153,9 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         raise ValueError(f"cluster.mode must be 'processes' or 'threads', not {mode!r}")
     detok_workers = int(cluster.pop("detok_workers", 2))
     run_dir = cluster.pop("run_dir", "")
+    cpus = parse_role_cpus(cluster.pop("cpus", {}), "[cluster.cpus]")
+    if cpus and mode == "threads":
+        raise ValueError("[cluster.cpus] pins role processes: it needs mode = 'processes'")
     if cluster:
         raise ValueError(f"unknown key(s) in [cluster]: {', '.join(sorted(cluster))}")
     addr = raw.get("addresses")
@@ -178,7 +183,29 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         detok_workers=detok_workers,
         run_dir=run_dir,
         hosts=dict(raw.get("hosts", {})),
+        cpus=cpus,
     )
+
+
+ROLES = ("prefill", "decode", "detok", "router")
+
+
+def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:
+    """{role: [cpu, ...]} checked: known roles, non-empty lists of CPU numbers."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be a table of role = [cpu, ...]")
+    out: dict[str, tuple[int, ...]] = {}
+    for role, cpus in raw.items():
+        if role not in ROLES:
+            raise ValueError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if (
+            not isinstance(cpus, list | tuple)
+            or not cpus
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)
+        ):
+            raise ValueError(f"{where}.{role} must be a non-empty list of CPU numbers")
+        out[role] = tuple(cpus)
+    return out
 
 
 def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
@@ -188,7 +215,11 @@ def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
         "model": dataclasses.asdict(config.model),
         "router": dataclasses.asdict(config.router),
         "lifecycle": dataclasses.asdict(config.lifecycle),
-        "cluster": {"mode": config.mode, "run_dir": config.run_dir},
+        "cluster": {
+            "mode": config.mode,
+            "run_dir": config.run_dir,
+            "cpus": {role: list(cs) for role, cs in config.cpus.items()},
+        },
         "addresses": {
             "router": config.addresses.router,
             "prefill": config.addresses.prefill,

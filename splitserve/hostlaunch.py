@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from splitserve.config import ClusterConfig, load_config
+from splitserve.config import ROLES, ClusterConfig, load_config, parse_role_cpus
 from splitserve.launcher import ProcessStack, role_instances
 
 log = logging.getLogger("hostlaunch")
@@ -38,11 +38,11 @@ def host_plan(config: ClusterConfig, host: str) -> tuple[list[str], dict[str, li
     roles = list(table.get("roles", DEFAULT_ROLES.get(host, [])))
     if not roles:
         raise ValueError(f"host {host!r} has no roles: add [hosts.{host}] roles = [...]")
-    unknown = set(roles) - {"router", "prefill", "decode", "detok"}
+    unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"host {host!r}: unknown roles {sorted(unknown)}")
-    cpus = {role: [int(c) for c in cs] for role, cs in dict(table.get("cpus", {})).items()}
-    return roles, cpus
+    cpus = parse_role_cpus(dict(table.get("cpus", {})), f"[hosts.{host}.cpus]")
+    return roles, {role: list(cs) for role, cs in cpus.items()}
 
 
 def health_url(config: ClusterConfig) -> str:

@@ -150,3 +150,47 @@ def test_launcher_pins_roles_to_their_cpus(tokenizer_512):
             time.sleep(0.1)
     finally:
         stack.stop(timeout_s=10)
+
+
+def test_serve_pins_role_processes_to_cluster_cpus(tokenizer_512, tmp_path):
+    """[cluster.cpus] in the file given to `splitserve serve` pins each role's processes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    decode_cpu, other_cpu = cpus[0], cpus[-1]
+    port = free_port()
+    conf = tmp_path / "pinned.toml"
+    conf.write_text(
+        f'[model]\nengine = "fake"\ntokenizer = "{tokenizer_512}"\n'
+        f'[cluster]\nmode = "processes"\nrun_dir = "{tmp_path}"\n'
+        f"[cluster.cpus]\ndecode = [{decode_cpu}]\nprefill = [{other_cpu}]\n"
+        f"detok = [{other_cpu}]\nrouter = [{other_cpu}]\n"
+        f'[router]\nhost = "127.0.0.1"\nport = {port}\n'
+    )
+    cmd = [sys.executable, "-m", "splitserve", "serve", "--config", str(conf)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        want = {"decode_worker": {decode_cpu}}
+        deadline = time.monotonic() + 60
+        while True:
+            found = {}
+            for pid in children_of(proc.pid):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        argv = fh.read().split(b"\0")
+                    module = argv[argv.index(b"-m") + 1].decode()
+                    found[module] = os.sched_getaffinity(pid)
+                except (OSError, ValueError, IndexError):
+                    continue
+            expected = {m: want.get(m, {other_cpu}) for m in
+                        ("prefill_worker", "decode_worker", "detok_worker", "router")}
+            if all(found.get(m) == cs for m, cs in expected.items()):
+                break
+            assert proc.poll() is None, "serve exited"
+            assert time.monotonic() < deadline, f"roles not pinned as configured: {found}"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
