@@ -81,6 +81,11 @@ class RouterCore:
         self.recent_ids = Tombstones(config.lifecycle.state_ttl_s)  # ended, still tombstoned
         self.waiters: deque[asyncio.Future] = deque()
         self.running = 0
+        # Admitting many more requests than decode has slots only prefills them early: their
+        # first token streams, then they sit at the decode worker (a long mid-stream pause)
+        # while their prefill took CPU from requests already decoding.
+        r = config.router
+        self.max_running = min(r.max_running, config.model.num_slots + r.prefill_lookahead)
         self.accepting = True
         self.metrics = RouterMetrics(self.workers, lambda: self.running, lambda: len(self.waiters))
         self._tasks: list[asyncio.Task] = []
@@ -167,7 +172,7 @@ class RouterCore:
         if not self.is_ready():
             self.metrics.rejected.labels("not_ready").inc()
             raise NotReady("no full pipeline is ready" if self.accepting else "shutting down")
-        if self.running >= self.config.router.max_running or self.waiters:
+        if self.running >= self.max_running or self.waiters:
             await self._wait_for_admission()  # returns holding an admission slot
             if not self.is_ready():
                 self._release_admission()

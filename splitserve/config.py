@@ -61,6 +61,10 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_running: int = 64  # requests admitted into the pipeline at once
+    # Admitted beyond the decode slots (so at most num_slots + this, and max_running, at once):
+    # prefilled ahead, each waits at the decode worker to take the next freed slot at once. More
+    # only makes those streams pause longer between their first and second token.
+    prefill_lookahead: int = 4
     max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
     queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
     request_timeout_s: float = 600.0  # hard bound on any request's life
@@ -172,11 +176,14 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     if detok_workers < 1:
         raise ValueError("at least one detok worker is needed")
     model = _build(ModelConfig, raw.get("model", {}), "model")
+    router = _build(RouterConfig, raw.get("router", {}), "router")
+    if router.max_running < 1 or router.prefill_lookahead < 0 or router.max_queued < 0:
+        raise ValueError("[router] needs max_running >= 1, prefill_lookahead >= 0, max_queued >= 0")
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     return ClusterConfig(
         model=model,
-        router=_build(RouterConfig, raw.get("router", {}), "router"),
+        router=router,
         lifecycle=_build(LifecycleConfig, raw.get("lifecycle", {}), "lifecycle"),
         addresses=addresses,
         mode=mode,
@@ -186,8 +193,6 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         cpus=cpus,
     )
 
-
-ROLES = ("prefill", "decode", "detok", "router")
 
 
 def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:

@@ -197,6 +197,34 @@ def test_overload_is_refused_clearly(tokenizer_512):
     run(body())
 
 
+def test_admission_stops_at_decode_slots_plus_lookahead(tokenizer_512):
+    """With max_running far above the decode slots, the router still admits only num_slots +
+    prefill_lookahead requests: the rest wait at the router, not prefilled and stalled at decode.
+    Every request still completes, in admission order as slots free up."""
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(
+        tokenizer_512,
+        "threads",
+        model={"fake_step_s": 0.01, "num_slots": 2},
+        router={"max_running": 64, "prefill_lookahead": 1, "max_queued": 16},
+    )
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            prompt = _prompts(tok, 1)[0]
+            params = RequestParams(max_tokens=30, ignore_eos=True)
+            tasks = [asyncio.create_task(core.submit(prompt, params)) for _ in range(6)]
+            await wait_for(lambda: len(core.waiters) == 3, 5, "three requests queued")
+            assert core.running == 3  # 2 slots + 1 ahead
+            assert sum(t.done() for t in tasks) == 3
+            for t in tasks:
+                text, result = await (await t).finished()
+                assert result.finish_reason == "length" and result.completion_tokens == 30
+            assert core.running == 0 and not core.waiters
+
+    run(body())
+
+
 def _fake_run(prompt, vocab, n):
     tokens, _ = expected_fake_tokens(prompt, vocab, n, ignore_eos=True)
     return tokens
