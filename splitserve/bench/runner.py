@@ -19,7 +19,7 @@ import httpx
 from tqdm import tqdm
 
 from splitserve.bench import scrape
-from splitserve.bench.client import Endpoint, RequestResult, stream_completion
+from splitserve.bench.client import ConnectionPool, Endpoint, RequestResult, stream_completion
 from splitserve.bench.load import LoadSpec, run_load
 from splitserve.bench.prompts import PromptFactory
 from splitserve.bench.stats import summarize
@@ -135,18 +135,27 @@ def _run_one(
     before = scrape.scrape(settings.url, api_key=settings.api_key) if settings.metrics else None
     bar = tqdm(total=spec.num_requests, desc=spec.label, unit="req", disable=not settings.progress)
 
+    # One pool of keep-alive connections per run, as a real client keeps its connections: a
+    # closed loop of N requests in flight holds about N of them (see client.py).
+    pool = ConnectionPool(endpoint)
+
     async def send(index: int) -> RequestResult:
-        return await stream_completion(
-            endpoint, bodies[index], index, settings.api_key, settings.request_timeout_s
-        )
+        body, key, timeout_s = bodies[index], settings.api_key, settings.request_timeout_s
+        return await stream_completion(endpoint, body, index, key, timeout_s, pool=pool)
 
     def done(r: RequestResult) -> None:
         bar.update(1)
         if not r.ok:
             bar.set_postfix_str(f"failed: {r.error}"[:60], refresh=False)
 
+    async def load() -> tuple[list[RequestResult], float]:
+        try:
+            return await run_load(spec, send, done)
+        finally:
+            pool.close()  # in this loop, which its connections belong to
+
     try:
-        results, duration = asyncio.run(run_load(spec, send, done))
+        results, duration = asyncio.run(load())
     finally:
         bar.close()
     after = None
