@@ -258,6 +258,38 @@ def test_bench_reports_against_a_fake_stack(fake_stack, tokenizer_512, tmp_path)
         assert width > 300 and height > 200
 
 
+def test_output_spread_draws_lengths_around_the_mean_and_repeats():
+    from splitserve.bench.runner import BenchSettings, output_length
+
+    fixed = BenchSettings(output_tokens=100)
+    assert {output_length(fixed, i) for i in range(50)} == {100}
+    spread = BenchSettings(output_tokens=100, output_spread=0.5, seed=3)
+    lengths = [output_length(spread, i) for i in range(400)]
+    assert min(lengths) >= 50 and max(lengths) <= 150 and len(set(lengths)) > 50
+    assert 90 <= sum(lengths) / len(lengths) <= 110
+    assert lengths == [output_length(spread, i) for i in range(400)]  # same seed, same draw
+    with pytest.raises(ValueError, match="output-spread"):
+        BenchSettings(output_spread=1.0).loads()
+
+
+def test_bench_with_output_spread_against_a_fake_stack(fake_stack, tokenizer_512, tmp_path):
+    out_json = tmp_path / "b.json"
+    rc = bench_main([
+        "--url", fake_stack, "--concurrency", "4", "--num-requests", "12",
+        "--prompt-tokens", "16", "--output-tokens", "20", "--output-spread", "0.5",
+        "--tokenizer", tokenizer_512, "--no-progress", "--warmup-requests", "0",
+        "--out-json", str(out_json), "--request-timeout", "30",
+    ])  # fmt: skip
+    assert rc == 0
+    (run,) = json.loads(out_json.read_text())["runs"]
+    assert run["requests_ok"] == 12
+    from splitserve.bench.runner import BenchSettings, output_length
+
+    settings = BenchSettings(output_tokens=20, output_spread=0.5)
+    offset = 1_000_000  # the first load's prompt (and length) indexes
+    assert run["output_tokens"] == sum(output_length(settings, offset + i) for i in range(12))
+
+
 def test_bench_fails_clearly_without_a_server(capsys):
     rc = bench_main(["--url", f"http://127.0.0.1:{_free_port()}", "--no-progress"])
     assert rc == 2

@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
                    help="requests per run: one value, or one per run")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=64, help="max_tokens (with ignore_eos)")
+    p.add_argument("--output-spread", type=float, default=0.0,
+                   help="draw each request's max_tokens uniformly within +/- this fraction of "
+                        "--output-tokens (e.g. 0.5), so requests end at different times")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--unicode-prompts", action="store_true", help="multi-byte UTF-8 in prompts")
     p.add_argument("--tokenizer", help="size prompts exactly with this tokenizer")
@@ -100,6 +103,7 @@ def load_main(args: argparse.Namespace) -> int:
         num_requests=args.num_requests,
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
+        output_spread=args.output_spread,
         stop=tuple(args.stop),
         unicode_prompts=args.unicode_prompts,
         tokenizer=args.tokenizer,

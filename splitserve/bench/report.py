@@ -136,7 +136,9 @@ def ceiling_table(ceilings: Sequence[dict[str, Any]]) -> str:
 def settings_line(settings: dict[str, Any]) -> str:
     parts = [
         f"prompt {settings.get('prompt_tokens')} tokens",
-        f"output {settings.get('output_tokens')} tokens (ignore_eos)",
+        f"output {settings.get('output_tokens')} tokens"
+        + (f" ±{settings['output_spread']:.0%}" if settings.get("output_spread") else "")
+        + " (ignore_eos)",
     ]
     if settings.get("unicode_prompts"):
         parts.append("multi-byte UTF-8 prompts")

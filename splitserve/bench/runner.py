@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,9 @@ class BenchSettings:
     num_requests: tuple[int, ...] = (32,)  # one value, or one per load
     prompt_tokens: int = 128
     output_tokens: int = 64
+    # each request's max_tokens uniform in output_tokens * [1 - spread, 1 + spread]: requests
+    # of a closed loop then end at different times, as real ones do, instead of in lockstep
+    output_spread: float = 0.0
     stop: tuple[str, ...] = ()
     unicode_prompts: bool = False
     tokenizer: str | None = None
@@ -47,6 +51,8 @@ class BenchSettings:
     metrics_settle_s: float = 0.6  # > 2 heartbeat intervals: the last steps reach /metrics
 
     def loads(self) -> list[LoadSpec]:
+        if not 0.0 <= self.output_spread < 1.0:
+            raise ValueError(f"--output-spread must be in [0, 1), not {self.output_spread}")
         if self.rates:
             cap = self.concurrencies[0] if self.concurrencies else None
             specs: list[tuple[int | None, float | None]] = [(cap, r) for r in self.rates]
@@ -61,6 +67,15 @@ class BenchSettings:
             LoadSpec(num_requests=n, concurrency=c, rate=r, seed=self.seed)
             for (c, r), n in zip(specs, counts, strict=True)
         ]
+
+
+def output_length(settings: BenchSettings, index: int) -> int:
+    """Request `index`'s max_tokens: output_tokens, or drawn around it (same seed, same draw)."""
+    spread = settings.output_spread
+    if not spread:
+        return settings.output_tokens
+    u = random.Random(f"{settings.seed}:{index}").uniform(1.0 - spread, 1.0 + spread)
+    return max(1, round(settings.output_tokens * u))
 
 
 def payload(settings: BenchSettings, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -129,7 +144,7 @@ def _run_one(
 ) -> dict[str, Any]:
     endpoint = Endpoint.parse(settings.url)
     bodies = [
-        payload(settings, prompts.prompt(offset + i), settings.output_tokens)
+        payload(settings, prompts.prompt(offset + i), output_length(settings, offset + i))
         for i in range(spec.num_requests)
     ]
     before = scrape.scrape(settings.url, api_key=settings.api_key) if settings.metrics else None
