@@ -29,6 +29,7 @@ import signal
 import sys
 
 import uvicorn
+import uvloop
 
 from router.core import RouterCore
 from router.http import build_app
@@ -97,6 +98,7 @@ async def serve(config: ClusterConfig, tokenizer: Tokenizer) -> None:
                 log_config=None,  # keep this process's logging format
                 access_log=False,  # the core logs each request by id
                 lifespan="off",
+                http="httptools",  # C parser: a fraction of h11's cost per request
                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                 limit_concurrency=4 * (r.max_running + r.max_queued) + 64,
             ),
@@ -128,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", exc)
         return 2
     try:
-        asyncio.run(serve(config, tokenizer))
+        # uvloop: the router's event loop carries every HTTP stream and every zmq message, and
+        # uvloop runs that loop at a fraction of the default loop's cost per callback.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(config, tokenizer))
     except Exception:
         log.exception("fatal error; exiting so that the supervisor restarts the router")
         return 1
