@@ -157,3 +157,29 @@ def test_ceiling_measures_the_step_and_prefill(engine):
     assert not engine._live.any()  # it leaves the engine empty
     prefill = measure_prefill(engine, prompt_len=30, repeats=2)
     assert prefill["prefill_s"]["min"] > 0
+
+
+def test_cache_grows_at_once_and_shrinks_only_after_a_while():
+    """A copy of a big cache stalls a step: the capacity grows when a sequence needs it, but
+    shrinks only once the live sequences have needed less for shrink_after_steps steps."""
+    eng = build_jax_engine(
+        "random:test-tiny:7", 2, MAX_SEQ, prefill_buckets=BUCKETS, decode_buckets=BUCKETS,
+        shrink_after_steps=5,
+    )  # fmt: skip
+    long, short = eng.prefill(_prompt(1, 20), GREEDY), eng.prefill(_prompt(2, 3), GREEDY)
+    eng.insert(short, 1, GREEDY)
+    eng.generate()
+    assert eng._capacity == 16
+    eng.insert(long, 0, GREEDY)
+    assert eng._capacity == 64  # grown for the long prefix at once
+    alone = _decode(eng, short, 1, GREEDY, 3)
+    eng.free(0)
+    for _ in range(4):
+        eng.generate()
+        assert eng._capacity == 64  # the short sequence alone needs 16: not yet
+    eng.generate()
+    assert eng._capacity == 16
+    # whatever the capacity did, the short sequence decodes as it would alone
+    eng.free(1)
+    again = _decode(eng, short, 1, GREEDY, 3)
+    assert again[0] == alone[0]

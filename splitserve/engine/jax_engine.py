@@ -9,11 +9,14 @@
    capacity] (transposed, so q.K reads along the last axis), values [slots, kv_heads,
    capacity, head_dim].
 3. `generate` runs one compiled step over every slot: the cache buffers are donated so
-   the new K/V are written in place. The cache's capacity (positions per slot) is kept at
-   the smallest decode bucket that covers the longest live sequence, growing or shrinking
-   one bucket at a time by a compiled copy, so attention costs what the live sequences
-   need, not max_seq_len. The step returns greedy picks directly; only when some live
-   slot samples does a second, per-slot sampling program run on its logits.
+   the new K/V are written in place. The cache's capacity (positions per slot) follows
+   the smallest decode bucket that covers the longest live sequence, by a compiled copy,
+   so attention costs what the live sequences need, not max_seq_len. It grows at once; it
+   shrinks only once the live sequences have needed less for `shrink_after_steps` steps
+   in a row: a copy of a large cache stalls a step for as long as several steps take, and
+   under a steady load the longest sequence keeps ending and another soon takes its place.
+   The step returns greedy picks directly; only when some live slot samples does a second,
+   per-slot sampling program run on its logits.
 4. `free` marks the slot unused; its stale cache is never visible to other slots (each
    slot attends to its own row only) nor to its next occupant (masked by position).
 
@@ -144,6 +147,7 @@ class JaxEngine(Engine):
         decode_buckets: Sequence[int] | None = None,
         param_dtype=jnp.float32,
         cache_dtype=jnp.float32,
+        shrink_after_steps: int = 256,
     ):
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(
@@ -161,6 +165,8 @@ class JaxEngine(Engine):
                 raise ValueError(f"{name} buckets {b} must ascend and end at {max_seq_len}")
         self.params = llama_model.prepare_params(cfg, weights, param_dtype)
         self._capacity = self.decode_buckets[0]
+        self.shrink_after_steps = shrink_after_steps
+        self._steps_over = 0  # consecutive steps whose live sequences needed a smaller cache
         self._cache_k, self._cache_v = self._empty_cache(self._capacity)
         # Host-side slot table, packed into one int and one float array per step.
         self._ints = np.zeros((5, num_slots), np.int32)  # rows: _TOKEN, _POS, ...
@@ -322,7 +328,7 @@ class JaxEngine(Engine):
         # its writes inside its own row if one does not.
         np.minimum(pos, self.max_seq_len - 1, out=pos)
         if live.any():
-            self._fit_capacity(_pick(self.decode_buckets, int(pos[live].max()) + 1))
+            self._follow_need(_pick(self.decode_buckets, int(pos[live].max()) + 1))
         # Free slots write junk at position 0 of their own row, always inside capacity.
         pos[~live] = 0
         program = self._program(("decode", self._capacity))
@@ -347,6 +353,17 @@ class JaxEngine(Engine):
         self._floats[:, slot] = (0.0, 1.0)  # greedy, so it never forces the sampling variant
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _follow_need(self, need: int) -> None:
+        """Grow to `need` now; shrink to it only after it has held for shrink_after_steps."""
+        if need >= self._capacity:
+            self._steps_over = 0
+            self._fit_capacity(need)
+            return
+        self._steps_over += 1
+        if self._steps_over >= self.shrink_after_steps:
+            self._steps_over = 0
+            self._fit_capacity(need)
 
     def _fit_capacity(self, target: int) -> None:
         """Grow or shrink the cache one bucket at a time until its capacity is `target`."""
