@@ -66,6 +66,7 @@ class Section:
     num_requests: tuple[int, ...]
     prompt_tokens: int
     output_tokens: int
+    output_spread: float = 0.0  # each request's output within +/- this fraction of the mean
     modes: tuple[str, ...] = MODES
     stop: tuple[str, ...] = ()
     unicode_prompts: bool = False
@@ -78,7 +79,13 @@ class Section:
 
     @property
     def context(self) -> int:
-        """The mean attended length over a request's decode: prompt plus half the output."""
+        """The context the ceiling runs at. The engine's step costs what its cache capacity
+        holds, and the capacity follows the longest live sequence: with outputs of one length,
+        prompt plus half the output (the mean), whose bucket a run spends most steps in; with
+        varied outputs, the longest request's, as some live stream is near it at any time."""
+        if self.output_spread:
+            longest = round(self.output_tokens * (1 + self.output_spread))
+            return self.prompt_tokens + longest - 32  # the ceiling adds up to 32 as it runs
         return self.prompt_tokens + self.output_tokens // 2
 
 
@@ -136,9 +143,12 @@ def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
         slots=128,
         max_seq_len=1024,
         concurrencies=(128,),
-        num_requests=(128,),
+        # three requests per stream, of varied length: past the first wave, streams start and
+        # end at different steps, as under real traffic, instead of all in lockstep
+        num_requests=(384,),
         prompt_tokens=64,
         output_tokens=512,
+        output_spread=0.25,
         stop=DETOK_STOPS,
         unicode_prompts=True,
         max_running=128,
@@ -188,7 +198,7 @@ def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
 def quick_version(s: Section) -> Section:
     """Small sizes for a short run: fewer and shorter requests, lower concurrency."""
     if s.key == "detok":
-        return replace(s, slots=64, max_running=64, concurrencies=(64,), num_requests=(64,),
+        return replace(s, slots=64, max_running=64, concurrencies=(64,), num_requests=(128,),
                        output_tokens=128, max_seq_len=512, ceiling_steps=40,
                        title=s.title.replace("128 streams", "64 streams"))  # fmt: skip
     if s.key == "smollm2":
@@ -313,6 +323,7 @@ def bench_settings(s: Section, url: str) -> BenchSettings:
         num_requests=s.num_requests,
         prompt_tokens=s.prompt_tokens,
         output_tokens=s.output_tokens,
+        output_spread=s.output_spread,
         stop=s.stop,
         unicode_prompts=s.unicode_prompts,
         tokenizer=s.tokenizer,
