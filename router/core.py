@@ -81,11 +81,12 @@ class RouterCore:
         self.recent_ids = Tombstones(config.lifecycle.state_ttl_s)  # ended, still tombstoned
         self.waiters: deque[asyncio.Future] = deque()
         self.running = 0
-        # Admitting many more requests than decode has slots only prefills them early: their
-        # first token streams, then they sit at the decode worker (a long mid-stream pause)
-        # while their prefill took CPU from requests already decoding.
-        r = config.router
-        self.max_running = min(r.max_running, config.model.num_slots + r.prefill_lookahead)
+        # Admitting more requests than decode has slots only prefills them early: their first
+        # token streams, then they sit at the decode worker (a long mid-stream pause) while
+        # their prefill took CPU from requests already decoding. So a request is admitted for
+        # a free slot, or for one about to free (`near_end`, see admission_limit).
+        self.num_slots = config.model.num_slots
+        self.near_end = 0
         self.accepting = True
         self.metrics = RouterMetrics(self.workers, lambda: self.running, lambda: len(self.waiters))
         self._tasks: list[asyncio.Task] = []
@@ -172,7 +173,7 @@ class RouterCore:
         if not self.is_ready():
             self.metrics.rejected.labels("not_ready").inc()
             raise NotReady("no full pipeline is ready" if self.accepting else "shutting down")
-        if self.running >= self.max_running or self.waiters:
+        if self.running >= self.admission_limit() or self.waiters:
             await self._wait_for_admission()  # returns holding an admission slot
             if not self.is_ready():
                 self._release_admission()
@@ -266,21 +267,33 @@ class RouterCore:
             if fut in self.waiters:
                 self.waiters.remove(fut)
 
+    def admission_limit(self) -> int:
+        """Requests allowed in the pipeline now: one per decode slot, plus one per running
+        request within admit_ahead_tokens of its end (its slot frees about when a request
+        admitted now has been prefilled), never more than max_running."""
+        return min(self.config.router.max_running, self.num_slots + self.near_end)
+
     def _release_admission(self) -> None:
-        """Give an admission slot back; the longest waiter, if any, gets it at once."""
+        """Give an admission slot back, and grant what the limit now allows."""
         self.running -= 1
-        while self.waiters:
+        self._grant()
+
+    def _grant(self) -> None:
+        """The longest waiters get admitted while the limit allows."""
+        limit = self.admission_limit()
+        while self.waiters and self.running < limit:
             fut = self.waiters.popleft()
             if not fut.done():
                 self.running += 1  # counted at grant time, so no newcomer can take it first
                 fut.set_result(None)
-                return
 
     # ---- ending requests ----
     def _end(self, handle: RequestHandle, finish_reason: str, error: str = "") -> None:
         if handle.result is not None:
             return
         handle.end(finish_reason, error)
+        if handle.near_end:
+            self.near_end -= 1
         self.requests.pop(handle.request_id, None)
         self.recent_ids.add(handle.request_id)
         self._release_admission()
@@ -356,6 +369,14 @@ class RouterCore:
                 self.metrics.delta(handle, len(d.token_ids), now, previous)
                 if d.finish_reason:
                     self._end(handle, d.finish_reason)
+                elif not handle.near_end and (
+                    handle.params.max_tokens - handle.completion_tokens
+                    <= self.config.router.admit_ahead_tokens
+                ):
+                    handle.near_end = True
+                    self.near_end += 1
+            if self.waiters:
+                self._grant()
         elif isinstance(msg, Ready | Heartbeat):
             worker, lost = self.workers.observe(msg)
             if worker is not None and lost:

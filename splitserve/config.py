@@ -61,10 +61,11 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_running: int = 64  # requests admitted into the pipeline at once
-    # Admitted beyond the decode slots (so at most num_slots + this, and max_running, at once):
-    # prefilled ahead, each waits at the decode worker to take the next freed slot at once. More
-    # only makes those streams pause longer between their first and second token.
-    prefill_lookahead: int = 4
+    # A request is admitted into the pipeline when a decode slot is free for it, or about to
+    # be: one per running request that has at most this many tokens left to generate, so that
+    # its prefill is done when that slot frees (the tiny-7m prefill takes about 3 decode steps).
+    # More admits earlier and the new stream pauses after its first token until the slot frees.
+    admit_ahead_tokens: int = 4
     max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
     queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
     request_timeout_s: float = 600.0  # hard bound on any request's life
@@ -177,8 +178,10 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         raise ValueError("at least one detok worker is needed")
     model = _build(ModelConfig, raw.get("model", {}), "model")
     router = _build(RouterConfig, raw.get("router", {}), "router")
-    if router.max_running < 1 or router.prefill_lookahead < 0 or router.max_queued < 0:
-        raise ValueError("[router] needs max_running >= 1, prefill_lookahead >= 0, max_queued >= 0")
+    if router.max_running < 1 or router.admit_ahead_tokens < 0 or router.max_queued < 0:
+        raise ValueError(
+            "[router] needs max_running >= 1, admit_ahead_tokens >= 0 and max_queued >= 0"
+        )
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     return ClusterConfig(

@@ -197,16 +197,16 @@ def test_overload_is_refused_clearly(tokenizer_512):
     run(body())
 
 
-def test_admission_stops_at_decode_slots_plus_lookahead(tokenizer_512):
-    """With max_running far above the decode slots, the router still admits only num_slots +
-    prefill_lookahead requests: the rest wait at the router, not prefilled and stalled at decode.
-    Every request still completes, in admission order as slots free up."""
+def test_admission_waits_for_a_free_decode_slot(tokenizer_512):
+    """With max_running far above the decode slots, the router admits a request only for a free
+    decode slot: the rest wait at the router, instead of being prefilled only to stall at the
+    decode worker between their first and second token. Every request still completes."""
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
         tokenizer_512,
         "threads",
         model={"fake_step_s": 0.01, "num_slots": 2},
-        router={"max_running": 64, "prefill_lookahead": 1, "max_queued": 16},
+        router={"max_running": 64, "admit_ahead_tokens": 0, "max_queued": 16},
     )
 
     async def body():
@@ -214,13 +214,43 @@ def test_admission_stops_at_decode_slots_plus_lookahead(tokenizer_512):
             prompt = _prompts(tok, 1)[0]
             params = RequestParams(max_tokens=30, ignore_eos=True)
             tasks = [asyncio.create_task(core.submit(prompt, params)) for _ in range(6)]
-            await wait_for(lambda: len(core.waiters) == 3, 5, "three requests queued")
-            assert core.running == 3  # 2 slots + 1 ahead
-            assert sum(t.done() for t in tasks) == 3
+            await wait_for(lambda: len(core.waiters) == 4, 5, "four requests queued")
+            assert core.running == 2 and sum(t.done() for t in tasks) == 2
             for t in tasks:
                 text, result = await (await t).finished()
                 assert result.finish_reason == "length" and result.completion_tokens == 30
-            assert core.running == 0 and not core.waiters
+            assert core.running == 0 and core.near_end == 0 and not core.waiters
+
+    run(body())
+
+
+def test_admission_runs_ahead_of_a_slot_about_to_free(tokenizer_512):
+    """A request is admitted when a running one has at most admit_ahead_tokens left, so that its
+    prefill overlaps the last steps of the one it replaces: with one slot, the second request
+    is running before the first has ended."""
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(
+        tokenizer_512,
+        "threads",
+        model={"fake_step_s": 0.02, "num_slots": 1},
+        router={"max_running": 64, "admit_ahead_tokens": 5, "max_queued": 16},
+    )
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            prompt = _prompts(tok, 1)[0]
+            params = RequestParams(max_tokens=40, ignore_eos=True)
+            first = await core.submit(prompt, params)
+            second_task = asyncio.create_task(core.submit(prompt, params))
+            await asyncio.sleep(0.1)
+            assert not second_task.done() and core.running == 1  # the slot is busy: it waits
+            second = await asyncio.wait_for(second_task, 10)
+            assert first.result is None, "admitted only after the first request ended"
+            assert 40 - 5 <= first.completion_tokens < 40
+            for handle in (first, second):
+                text, result = await handle.finished()
+                assert result.finish_reason == "length" and result.completion_tokens == 40
+            assert core.running == 0 and core.near_end == 0
 
     run(body())
 
