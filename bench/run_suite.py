@@ -12,7 +12,8 @@ Sections (each one stack per mode, started with `splitserve serve` and always st
     outputs, several stop strings each, prompts with multi-byte UTF-8; processes and threads.
  3. fake: the fake engine (no model compute): what the serving pipeline alone sustains.
  4. smollm2: SmolLM2-135M-Instruct (the default model, its GGUF tokenizer): ceiling and sweep.
-Engine ceilings run in a subprocess while no stack is up, so nothing else competes for the CPUs.
+Engine ceilings run in a subprocess while no stack is up, so nothing else competes for the CPUs,
+once before a section's served loads and once after: the ceiling is the mean of the two.
 
 CPU layout (on a host with 2 or more CPUs): the decode worker owns the first CPU; the prefill,
 detok and router processes share the others with the load generator (this process). The ceiling
@@ -27,6 +28,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -211,19 +213,19 @@ def quick_version(s: Section) -> Section:
 # -- running -------------------------------------------------------------------------------
 
 
-def run_ceiling(s: Section, work_dir: str) -> dict[str, Any]:
-    out = os.path.join(work_dir, f"ceiling-{s.key}.json")
+def run_ceiling(s: Section, work_dir: str, tag: str = "") -> dict[str, Any]:
+    out = os.path.join(work_dir, f"ceiling-{s.key}{tag}.json")
     cmd = [
         sys.executable, "-m", "splitserve.bench", "--ceiling", "--model", s.model,
         "--engine", s.engine, "--slots", str(s.slots), "--context", str(s.context),
         "--steps", str(s.ceiling_steps), "--prompt-tokens", str(s.prompt_tokens),
         "--max-seq-len", str(s.max_seq_len), "--out-json", out,
     ]  # fmt: skip
-    log(f"{s.key}: engine ceiling ({s.slots} slots, context {s.context})")
+    log(f"{s.key}: engine ceiling{tag} ({s.slots} slots, context {s.context})")
     layout = cpu_layout()
     # one CPU, as each served engine has (XLA sizes its thread pool from the affinity mask)
     pin = (lambda: os.sched_setaffinity(0, layout[0])) if layout else None
-    with open(os.path.join(work_dir, f"ceiling-{s.key}.log"), "wb") as fh:
+    with open(os.path.join(work_dir, f"ceiling-{s.key}{tag}.log"), "wb") as fh:
         subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, check=True, timeout=900,
                        preexec_fn=pin)  # fmt: skip
     with open(out, encoding="utf-8") as fh:
@@ -333,15 +335,37 @@ def bench_settings(s: Section, url: str) -> BenchSettings:
     )
 
 
+def bracketed(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict | None:
+    """One ceiling from the runs before and after the served loads: the mean of their medians.
+    On a shared host the engine's speed drifts over minutes; a ceiling taken on one side only
+    of the served runs would carry that drift into the served/ceiling ratio."""
+    runs = [c for c in (before, after) if c]
+    if len(runs) < 2:
+        return runs[0] if runs else None
+    mean = lambda key, q="p50": statistics.fmean(c[key][q] for c in runs)  # noqa: E731
+    out = dict(before)
+    out["tokens_per_s"] = statistics.fmean(c["tokens_per_s"] for c in runs)
+    out["step_s"] = {**before["step_s"], "p50": mean("step_s"), "p90": mean("step_s", "p90")}
+    out["prefill_s"] = {**before["prefill_s"], "p50": mean("prefill_s")}
+    out["bracket"] = [{"tokens_per_s": c["tokens_per_s"], "step_p50_s": c["step_s"]["p50"],
+                       "prefill_p50_s": c["prefill_s"]["p50"]} for c in runs]  # fmt: skip
+    return out
+
+
+def measure_ceiling(s: Section, work_dir: str, tag: str, res: SectionResult) -> dict | None:
+    try:
+        ceiling = run_ceiling(s, work_dir, tag)
+        log(f"{s.key}: ceiling{tag} {ceiling.get('tokens_per_s') or 0:,.0f} tokens/s")
+        return ceiling
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        res.errors.append(f"ceiling{tag}: {exc} (log in {work_dir})")
+        return None
+
+
 def run_section(s: Section, work_dir: str) -> SectionResult:
     res = SectionResult(s)
     t0 = time.monotonic()
-    if s.ceiling:
-        try:
-            res.ceiling = run_ceiling(s, work_dir)
-            log(f"{s.key}: ceiling {res.ceiling.get('tokens_per_s') or 0:,.0f} tokens/s")
-        except (subprocess.SubprocessError, OSError, ValueError) as exc:
-            res.errors.append(f"ceiling: {exc} (log in {work_dir})")
+    before = measure_ceiling(s, work_dir, "", res) if s.ceiling else None
     layout = cpu_layout()
     for mode in s.modes:
         started: list[Stack] = []
@@ -356,7 +380,6 @@ def run_section(s: Section, work_dir: str) -> SectionResult:
             for run in rep["runs"]:
                 run["mode"] = mode
                 run["name"] = f"{mode}, c={run['concurrency']}"
-                run["fraction_of_ceiling"] = fraction_of_ceiling(run, res.ceiling)
                 log(f"{stack.name}: {run['label']}: {run['output_tokens_per_s']:,.0f} tok/s, "
                     f"{run['requests_failed']} failed")  # fmt: skip
             res.reports[mode] = rep
@@ -367,6 +390,10 @@ def run_section(s: Section, work_dir: str) -> SectionResult:
         finally:
             for st in started:
                 st.stop()
+    after = measure_ceiling(s, work_dir, "-after", res) if s.ceiling else None
+    res.ceiling = bracketed(before, after)
+    for run in all_runs(res):
+        run["fraction_of_ceiling"] = fraction_of_ceiling(run, res.ceiling)
     res.seconds = time.monotonic() - t0
     return res
 
@@ -466,7 +493,8 @@ def section_doc(res: SectionResult, assets: str, doc_dir: str) -> str:
     for err in res.errors:
         out.append(f"> **Error:** {err}\n")
     if res.ceiling:
-        out += ["Engine ceiling (decode step in a tight loop, every slot live, no serving):\n",
+        out += ["Engine ceiling (decode step in a tight loop, every slot live, no serving; the "
+                "mean of a run before and a run after the served loads):\n",
                 report.ceiling_table([res.ceiling])]  # fmt: skip
     runs = all_runs(res)
     if runs:
