@@ -145,9 +145,9 @@ def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
         slots=128,
         max_seq_len=1024,
         concurrencies=(128,),
-        # three requests per stream, of varied length: past the first wave, streams start and
+        # five requests per stream, of varied length: past the first wave, streams start and
         # end at different steps, as under real traffic, instead of all in lockstep
-        num_requests=(384,),
+        num_requests=(640,),
         prompt_tokens=64,
         output_tokens=512,
         output_spread=0.25,
