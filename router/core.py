@@ -84,9 +84,8 @@ class RouterCore:
         # Admitting more requests than decode has slots only prefills them early: their first
         # token streams, then they sit at the decode worker (a long mid-stream pause) while
         # their prefill took CPU from requests already decoding. So a request is admitted for
-        # a free slot, or for one about to free (`near_end`, see admission_limit).
+        # a free slot, or for one about to free (see admission_limit).
         self.num_slots = config.model.num_slots
-        self.near_end = 0
         self.accepting = True
         self.metrics = RouterMetrics(self.workers, lambda: self.running, lambda: len(self.waiters))
         self._tasks: list[asyncio.Task] = []
@@ -268,10 +267,32 @@ class RouterCore:
                 self.waiters.remove(fut)
 
     def admission_limit(self) -> int:
-        """Requests allowed in the pipeline now: one per decode slot, plus one per running
-        request within admit_ahead_tokens of its end (its slot frees about when a request
-        admitted now has been prefilled), never more than max_running."""
-        return min(self.config.router.max_running, self.num_slots + self.near_end)
+        """Requests allowed in the pipeline now (never more than max_running): one per decode
+        slot, plus one per slot that frees about when a request admitted now would have been
+        prefilled. Prefills run one after another, so the j-th request admitted ahead reaches
+        the decode worker about j prefills from now: it may take the slot of the running request
+        with the j-th fewest tokens left if that one ends within j * admit_ahead_tokens tokens
+        (the decode steps one prefill takes). Counts on max_tokens: a request that ends sooner
+        (eos, a stop string) leaves its slot idle for one prefill."""
+        limit = self.config.router.max_running
+        if self.running < self.num_slots or not self.config.router.admit_ahead_tokens:
+            return min(limit, self.num_slots)
+        return min(limit, self.num_slots + self._slots_freeing_soon())
+
+    def _slots_freeing_soon(self) -> int:
+        per_prefill = self.config.router.admit_ahead_tokens
+        left = sorted(
+            h.params.max_tokens - h.completion_tokens
+            for h in self.requests.values()
+            if h.completion_tokens  # decoding (or waiting at decode), not still in prefill
+        )
+        ahead = 0
+        for j, tokens_left in enumerate(left, 1):
+            if tokens_left <= j * per_prefill:
+                ahead = j
+            elif tokens_left > len(left) * per_prefill:
+                break  # sorted: no later one can qualify
+        return ahead
 
     def _release_admission(self) -> None:
         """Give an admission slot back, and grant what the limit now allows."""
@@ -292,8 +313,6 @@ class RouterCore:
         if handle.result is not None:
             return
         handle.end(finish_reason, error)
-        if handle.near_end:
-            self.near_end -= 1
         self.requests.pop(handle.request_id, None)
         self.recent_ids.add(handle.request_id)
         self._release_admission()
@@ -369,12 +388,6 @@ class RouterCore:
                 self.metrics.delta(handle, len(d.token_ids), now, previous)
                 if d.finish_reason:
                     self._end(handle, d.finish_reason)
-                elif not handle.near_end and (
-                    handle.params.max_tokens - handle.completion_tokens
-                    <= self.config.router.admit_ahead_tokens
-                ):
-                    handle.near_end = True
-                    self.near_end += 1
             if self.waiters:
                 self._grant()
         elif isinstance(msg, Ready | Heartbeat):

@@ -92,7 +92,6 @@ class RequestHandle:
     first_token_at: float | None = None
     completion_tokens: int = 0
     result: Result | None = None
-    near_end: bool = False  # counted by the core as about to free its decode slot
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     _abort_cb: object = None
 

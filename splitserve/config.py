@@ -62,9 +62,10 @@ class RouterConfig:
     port: int = 8000
     max_running: int = 64  # requests admitted into the pipeline at once
     # A request is admitted into the pipeline when a decode slot is free for it, or about to
-    # be: one per running request that has at most this many tokens left to generate, so that
-    # its prefill is done when that slot frees (the tiny-7m prefill takes about 3 decode steps).
-    # More admits earlier and the new stream pauses after its first token until the slot frees.
+    # free: this is the number of decode steps one prefill takes (the tiny-7m prefill takes
+    # about 3), the lead the router gives each request it admits ahead (see
+    # RouterCore.admission_limit). Too small leaves slots idle; too large and a new stream
+    # pauses after its first token until its slot frees. 0: only for free slots.
     admit_ahead_tokens: int = 4
     max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
     queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
