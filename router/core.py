@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 
 MAX_SEED = 2**63 - 1
 MONITOR_INTERVAL_S = 0.1
+AUTO_LEAD_UNMEASURED = 4  # admit-ahead lead (decode steps) before the workers report timings
+AUTO_LEAD_MAX = 64
 
 
 class RouterCore:
@@ -275,12 +278,29 @@ class RouterCore:
         (the decode steps one prefill takes). Counts on max_tokens: a request that ends sooner
         (eos, a stop string) leaves its slot idle for one prefill."""
         limit = self.config.router.max_running
-        if self.running < self.num_slots or not self.config.router.admit_ahead_tokens:
+        per_prefill = self._lead_per_prefill()
+        if self.running < self.num_slots or not per_prefill:
             return min(limit, self.num_slots)
-        return min(limit, self.num_slots + self._slots_freeing_soon())
+        return min(limit, self.num_slots + self._slots_freeing_soon(per_prefill))
 
-    def _slots_freeing_soon(self) -> int:
-        per_prefill = self.config.router.admit_ahead_tokens
+    def _lead_per_prefill(self) -> int:
+        """admit_ahead_tokens, or with "auto" twice the decode steps one prefill takes (the
+        prefill worker's median prefill over the decode worker's median step gap, both from
+        their heartbeats): a prefill that runs slow now and then still lands in time."""
+        setting = self.config.router.admit_ahead_tokens
+        if setting != "auto":
+            return int(setting)
+        prefill = step = 0.0
+        for w in self.workers.workers.values():
+            if w.role == "prefill":
+                prefill = max(prefill, (w.load.get("prefill_time") or {}).get("p50") or 0.0)
+            elif w.role == "decode":
+                step = (w.load.get("step_gap") or {}).get("p50") or 0.0
+        if not prefill or not step:
+            return AUTO_LEAD_UNMEASURED
+        return max(2, min(AUTO_LEAD_MAX, math.ceil(2 * prefill / step)))
+
+    def _slots_freeing_soon(self, per_prefill: int) -> int:
         left = sorted(
             h.params.max_tokens - h.completion_tokens
             for h in self.requests.values()

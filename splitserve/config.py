@@ -62,11 +62,11 @@ class RouterConfig:
     port: int = 8000
     max_running: int = 64  # requests admitted into the pipeline at once
     # A request is admitted into the pipeline when a decode slot is free for it, or about to
-    # free: this is the number of decode steps one prefill takes (the tiny-7m prefill takes
-    # about 3), the lead the router gives each request it admits ahead (see
-    # RouterCore.admission_limit). Too small leaves slots idle; too large and a new stream
-    # pauses after its first token until its slot frees. 0: only for free slots.
-    admit_ahead_tokens: int = 4
+    # free: this is the lead, in decode steps, the router gives each request it admits ahead
+    # (see RouterCore.admission_limit). Too small leaves slots idle; too large and a new stream
+    # pauses after its first token until its slot frees. "auto": twice the decode steps one
+    # prefill takes, from the workers' own figures; 0: only for free slots.
+    admit_ahead_tokens: int | str = "auto"
     max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
     queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
     request_timeout_s: float = 600.0  # hard bound on any request's life
@@ -103,7 +103,8 @@ class ClusterConfig:
     detok_workers: int = 2
     run_dir: str = ""
     hosts: dict[str, Any] = field(default_factory=dict)  # deploy/launch.sh: host -> roles, cpus
-    # `splitserve serve` (processes mode): role -> the CPUs its processes are pinned to
+    # `splitserve serve` (processes mode): role -> the CPUs its processes are pinned to; "io":
+    # where the workers' ZeroMQ I/O threads run (e.g. off the decode worker's own CPU)
     cpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
@@ -179,10 +180,11 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         raise ValueError("at least one detok worker is needed")
     model = _build(ModelConfig, raw.get("model", {}), "model")
     router = _build(RouterConfig, raw.get("router", {}), "router")
-    if router.max_running < 1 or router.admit_ahead_tokens < 0 or router.max_queued < 0:
-        raise ValueError(
-            "[router] needs max_running >= 1, admit_ahead_tokens >= 0 and max_queued >= 0"
-        )
+    ahead = router.admit_ahead_tokens
+    if ahead != "auto" and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
+        raise ValueError('[router] admit_ahead_tokens must be "auto" or a count >= 0')
+    if router.max_running < 1 or router.max_queued < 0:
+        raise ValueError("[router] needs max_running >= 1 and max_queued >= 0")
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     return ClusterConfig(
@@ -205,8 +207,8 @@ def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:
         raise ValueError(f"{where} must be a table of role = [cpu, ...]")
     out: dict[str, tuple[int, ...]] = {}
     for role, cpus in raw.items():
-        if role not in ROLES:
-            raise ValueError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if role not in (*ROLES, "io"):
+            raise ValueError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)}, io)")
         if (
             not isinstance(cpus, list | tuple)
             or not cpus

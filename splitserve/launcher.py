@@ -24,7 +24,7 @@ import zmq
 
 from splitserve import tomlwrite
 from splitserve.config import ClusterConfig, config_to_dict
-from splitserve.procutil import CPUS_ENV, PARENT_ENV
+from splitserve.procutil import CPUS_ENV, IO_CPUS_ENV, PARENT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,8 @@ class ProcessStack:
         env = {**self.env, PARENT_ENV: str(os.getpid())}
         if self.cpus.get(role):
             env[CPUS_ENV] = ",".join(str(c) for c in self.cpus[role])
+        if self.cpus.get("io"):  # the zmq I/O threads of every worker role
+            env[IO_CPUS_ENV] = ",".join(str(c) for c in self.cpus["io"])
         popen = subprocess.Popen(
             cmd,
             env=env,

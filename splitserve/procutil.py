@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "SPLITSERVE_PARENT_PID"
 CPUS_ENV = "SPLITSERVE_CPUS"
+IO_CPUS_ENV = "SPLITSERVE_IO_CPUS"
 
 
 def die_with_parent(environ: dict[str, str]) -> None:
@@ -28,14 +29,29 @@ def die_with_parent(environ: dict[str, str]) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def pin_cpus(environ: dict[str, str]) -> None:
-    """Restrict this process to the CPUs listed in SPLITSERVE_CPUS (e.g. "0,1" or "2-3")."""
-    spec = environ.get(CPUS_ENV, "").strip()
-    if not spec:
-        return
+def parse_cpus(spec: str) -> set[int]:
+    """"0,1" or "2-3" -> {CPU numbers}."""
     cpus: set[int] = set()
     for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    os.sched_setaffinity(0, cpus)
-    log.info("pinned to CPUs %s", sorted(cpus))
+        if part.strip():
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pin_cpus(environ: dict[str, str]) -> None:
+    """Restrict this process to the CPUs listed in SPLITSERVE_CPUS (e.g. "0,1" or "2-3")."""
+    cpus = parse_cpus(environ.get(CPUS_ENV, ""))
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+        log.info("pinned to CPUs %s", sorted(cpus))
+
+
+def place_io_threads(ctx, environ: dict[str, str]) -> None:
+    """Put the ZeroMQ I/O threads of `ctx` on the CPUs in SPLITSERVE_IO_CPUS (before its first
+    socket). A decode worker that owns a CPU then spends it on engine steps only: the socket
+    work of its sends and receives, and the thread wake-ups, happen on the CPUs named here."""
+    import zmq
+
+    for cpu in sorted(parse_cpus(environ.get(IO_CPUS_ENV, ""))):
+        ctx.set(zmq.THREAD_AFFINITY_CPU_ADD, cpu)

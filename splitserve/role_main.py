@@ -17,7 +17,7 @@ import threading
 import zmq
 
 from splitserve.config import load_config
-from splitserve.procutil import die_with_parent, pin_cpus
+from splitserve.procutil import die_with_parent, pin_cpus, place_io_threads
 
 
 def configure_logging(role: str, index: int, level: str) -> None:
@@ -56,6 +56,7 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     ctx = zmq.Context()
+    place_io_threads(ctx, os.environ)
     try:
         worker = worker_cls(config, args.index, ctx, stop, dict(os.environ))
         worker.run()

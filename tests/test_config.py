@@ -34,3 +34,17 @@ def test_cluster_cpus_need_processes_mode():
     with pytest.raises(ValueError, match="needs mode = 'processes'"):
         cluster = {"mode": "threads", "run_dir": "/tmp/x", "cpus": {"decode": [0]}}
         config_from_dict({"cluster": cluster})
+
+
+@pytest.mark.parametrize("ahead", ["auto", 0, 7])
+def test_admit_ahead_tokens_takes_auto_or_a_count(ahead):
+    raw = {"cluster": {"run_dir": "/tmp/x"}, "router": {"admit_ahead_tokens": ahead}}
+    config = config_from_dict(raw)
+    assert config.router.admit_ahead_tokens == ahead
+    assert config_from_dict(config_to_dict(config)).router.admit_ahead_tokens == ahead
+
+
+@pytest.mark.parametrize("ahead", ["soon", -1, 1.5, True])
+def test_admit_ahead_tokens_rejects_anything_else(ahead):
+    with pytest.raises(ValueError, match="admit_ahead_tokens"):
+        config_from_dict({"router": {"admit_ahead_tokens": ahead}, "cluster": {"run_dir": "/x"}})

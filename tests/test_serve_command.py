@@ -152,8 +152,19 @@ def test_launcher_pins_roles_to_their_cpus(tokenizer_512):
         stack.stop(timeout_s=10)
 
 
+def io_thread_cpus(pid: int) -> list[set[int]]:
+    """The CPU sets of a process's ZeroMQ I/O threads (libzmq names them ZMQbg/IO/<n>)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+            if fh.read().startswith("ZMQbg/IO"):
+                out.append(os.sched_getaffinity(int(tid)))
+    return out
+
+
 def test_serve_pins_role_processes_to_cluster_cpus(tokenizer_512, tmp_path):
-    """[cluster.cpus] in the file given to `splitserve serve` pins each role's processes."""
+    """[cluster.cpus] in the file given to `splitserve serve` pins each role's processes, and
+    `io` the ZeroMQ I/O threads of the workers (here: off the decode worker's CPU)."""
     cpus = sorted(os.sched_getaffinity(0))
     decode_cpu, other_cpu = cpus[0], cpus[-1]
     port = free_port()
@@ -162,7 +173,7 @@ def test_serve_pins_role_processes_to_cluster_cpus(tokenizer_512, tmp_path):
         f'[model]\nengine = "fake"\ntokenizer = "{tokenizer_512}"\n'
         f'[cluster]\nmode = "processes"\nrun_dir = "{tmp_path}"\n'
         f"[cluster.cpus]\ndecode = [{decode_cpu}]\nprefill = [{other_cpu}]\n"
-        f"detok = [{other_cpu}]\nrouter = [{other_cpu}]\n"
+        f"detok = [{other_cpu}]\nrouter = [{other_cpu}]\nio = [{other_cpu}]\n"
         f'[router]\nhost = "127.0.0.1"\nport = {port}\n'
     )
     cmd = [sys.executable, "-m", "splitserve", "serve", "--config", str(conf)]
@@ -171,18 +182,20 @@ def test_serve_pins_role_processes_to_cluster_cpus(tokenizer_512, tmp_path):
         want = {"decode_worker": {decode_cpu}}
         deadline = time.monotonic() + 60
         while True:
-            found = {}
+            found, io = {}, {}
             for pid in children_of(proc.pid):
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as fh:
                         argv = fh.read().split(b"\0")
                     module = argv[argv.index(b"-m") + 1].decode()
                     found[module] = os.sched_getaffinity(pid)
+                    io[module] = io_thread_cpus(pid)
                 except (OSError, ValueError, IndexError):
                     continue
             expected = {m: want.get(m, {other_cpu}) for m in
                         ("prefill_worker", "decode_worker", "detok_worker", "router")}
-            if all(found.get(m) == cs for m, cs in expected.items()):
+            if all(found.get(m) == cs for m, cs in expected.items()) and io["decode_worker"]:
+                assert all(cpus == {other_cpu} for cpus in io["decode_worker"]), io
                 break
             assert proc.poll() is None, "serve exited"
             assert time.monotonic() < deadline, f"roles not pinned as configured: {found}"
