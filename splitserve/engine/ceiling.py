@@ -28,6 +28,7 @@ def _summary(times: list[float]) -> dict[str, float]:
         "p50": statistics.median(ordered),
         "p10": pick(0.10),
         "p90": pick(0.90),
+        "p99": pick(0.99),
         "min": ordered[0],
         "mean": statistics.fmean(ordered),
     }
