@@ -68,6 +68,9 @@ class ChatFormat:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     # ---- streamed ----
+    def text_only(self) -> bool:
+        return not self.body.logprobs
+
     def opening_chunks(self) -> list[dict[str, Any]]:
         role = {"role": "assistant", "content": ""}
         return [self._chunk([self._item(c.index, role)]) for c in self.gen.choices]

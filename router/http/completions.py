@@ -67,6 +67,9 @@ class CompletionFormat:
         return out
 
     # ---- streamed ----
+    def text_only(self) -> bool:
+        return self.body.logprobs is None
+
     def opening_chunks(self) -> list[dict[str, Any]]:
         return []
 

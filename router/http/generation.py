@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from fastapi import Request
@@ -59,7 +60,6 @@ class Generation:
         self.choices: list[Choice] = []
         self.prompt_tokens = 0
         self._events: asyncio.Queue[tuple[Choice, Delta | None]] = asyncio.Queue()
-        self._tasks: list[asyncio.Task] = []
         self._registered = False
         self._core_ids: list[str] = []
         self._watch: asyncio.Task | None = None
@@ -90,7 +90,7 @@ class Generation:
             self.close()
             raise
         for c in self.choices:
-            self._tasks.append(asyncio.create_task(self._pump(c)))
+            c.handle.deliver_to(partial(self._deliver, c))
 
     async def _submit_all(self, prompts: list[list[int]], n: int, params: RequestParams) -> None:
         self._core_ids = self.ctx.core_ids.claim(self.request_id, len(prompts) * n)
@@ -108,10 +108,8 @@ class Generation:
             self.abort()
             raise
 
-    async def _pump(self, choice: Choice) -> None:
-        async for delta in choice.handle:
-            self._events.put_nowait((choice, delta))
-        self._events.put_nowait((choice, None))
+    def _deliver(self, choice: Choice, delta: Delta | None) -> None:
+        self._events.put_nowait((choice, delta))
 
     async def _watch_client(self) -> None:
         """Returns when the connection closes (or the response is complete): abort what runs."""
@@ -122,7 +120,7 @@ class Generation:
             if any(c.result is None for c in self.choices):
                 log.info("%s: client disconnected: aborting", self.request_id)
         finally:
-            # the pumps stay: they forward the aborted requests' ends to a stream still reading
+            # the aborted requests' ends still reach a stream that is reading (see _deliver)
             self.abort()
             self._forget()
 
@@ -168,8 +166,6 @@ class Generation:
     def close(self) -> None:
         """Abort what still runs and forget the request; safe to call twice."""
         self.abort()
-        for t in self._tasks:
-            t.cancel()
         if self._watch is not None and self._watch is not asyncio.current_task():
             self._watch.cancel()
         self._forget()

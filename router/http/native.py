@@ -48,6 +48,9 @@ class NativeFormat:
             item["logprobs"] = logprobs
         return item
 
+    def text_only(self) -> bool:
+        return False  # its chunks carry the token ids too
+
     def opening_chunks(self) -> list[dict[str, Any]]:
         return []
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,8 +37,35 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + text.encode() + b"\n\n"
 
 
+_MARK = "\ue000splitserve-text\ue000"  # stands for the text while a template is made
+
+
+class TextEvents:
+    """A choice's text-only delta events from a template: the chunk is encoded once, with a
+    marker where the text goes, and each event only JSON-encodes its text into it. Every token
+    of every stream passes here, and encoding the whole chunk each time cost the router more
+    than any other step of its own."""
+
+    def __init__(self, render: Callable[[str], bytes | None]):
+        self.render = render  # text -> the whole event, the slow way
+        whole = render(_MARK)
+        parts = whole.split(_MARK.encode()) if whole is not None else []
+        self.template = (parts[0], parts[1]) if len(parts) == 2 else None
+
+    def event(self, text: str) -> bytes | None:
+        template = self.template
+        if template is None:  # the format does not show the text verbatim: the slow way
+            return self.render(text)
+        encoded = json.dumps(text, ensure_ascii=False)[1:-1].translate(_LINE_BREAKERS)
+        return template[0] + encoded.encode() + template[1]
+
+
 class ChunkFormat(Protocol):
     def opening_chunks(self) -> list[dict[str, Any]]: ...
+
+    def text_only(self) -> bool:
+        """Delta chunks carry nothing but their text (no logprobs): TextEvents may serve."""
+        ...
 
     def delta_chunk(self, choice: Choice, delta: Delta) -> dict[str, Any] | None: ...
 
@@ -84,12 +112,26 @@ async def stream_events(
             chunk["usage"] = None
         return sse(chunk)
 
+    def render(choice: Choice, text: str) -> bytes | None:
+        chunk = fmt.delta_chunk(choice, Delta(text, [], []))
+        return event(chunk) if chunk is not None else None
+
+    # usage in every chunk changes each event: no template then
+    templates = None
+    if fmt.text_only() and not options.continuous_usage_stats:
+        templates = {c.index: TextEvents(partial(render, c)) for c in gen.choices}
     failed = False
     try:
         for chunk in fmt.opening_chunks():
             yield event(chunk)
         async for choice, delta in gen.events():
             if delta is not None:
+                if templates is not None:
+                    if delta.text:
+                        data = templates[choice.index].event(delta.text)
+                        if data is not None:
+                            yield data
+                    continue
                 chunk = fmt.delta_chunk(choice, delta)
                 if chunk is not None:
                     yield event(chunk)
