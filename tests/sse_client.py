@@ -3,8 +3,8 @@
 
     python tests/sse_client.py --url http://10.0.0.1:8000 --requests 4 --max-tokens 500
 
-prints one JSON line per request: request id, finish reason, error, text, and when it ended
-(time.time(), comparable across processes).
+prints one JSON line per request: request id, finish reason, error, text, and when its first text
+came and when it ended (time.time(), comparable across processes).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def stream_completion(
     url: str, prompt: str, max_tokens: int, request_id: str | None = None, timeout_s: float = 120
 ) -> dict:
     request_id = request_id or f"t-{uuid.uuid4().hex[:12]}"
-    out = {"request_id": request_id, "finish_reason": None, "error": None, "text": "", "tokens": 0}
+    out = {"request_id": request_id, "finish_reason": None, "error": None, "text": "", "tokens": 0,
+           "first_at": None}  # fmt: skip
     body = {
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -55,6 +56,8 @@ def stream_completion(
                 if chunk.get("usage"):
                     out["tokens"] = chunk["usage"]["completion_tokens"]
                 for choice in chunk.get("choices", []):
+                    if choice.get("text") and out["first_at"] is None:
+                        out["first_at"] = time.time()
                     out["text"] += choice.get("text", "")
                     if choice.get("finish_reason"):
                         out["finish_reason"] = choice["finish_reason"]

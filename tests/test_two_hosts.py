@@ -196,6 +196,10 @@ def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path)
         for r in cut:
             if r["finish_reason"] == "error":
                 assert r["ended_at"] - cut_at < 6.0, r
+            elif r["finish_reason"] == "http_error":  # still queued at the router: a clear 503
+                assert "HTTP 503" in r["error"] and "went down while the request was queued" \
+                    in r["error"], r
+                assert r["ended_at"] - cut_at < 6.0, r
             else:  # complete before the cut (margin: delivery to the client)
                 assert r["finish_reason"] == "length" and r["ended_at"] < cut_at + 0.5, r
         two_hosts.link(True)
