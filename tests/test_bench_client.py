@@ -112,19 +112,25 @@ async def _sequence(endpoint: Endpoint, prompts: list[str], pool: ConnectionPool
     return out
 
 
-@pytest.mark.timeout(60)
-def test_sequential_requests_share_one_connection(app):
-    endpoint, seen = app
+def _pooled_sequence(endpoint: Endpoint, prompts: list[str]):
+    """_sequence through one pool, closed after (twice: harmless); (results, connections)."""
 
     async def main():
         pool = ConnectionPool(endpoint)
         try:
-            return await _sequence(endpoint, ["linger"] + ["hello"] * 9, pool), pool.opened
+            return await _sequence(endpoint, prompts, pool), pool.opened
         finally:
             pool.close()
-            pool.close()  # twice is harmless
+            pool.close()
 
-    timed, opened = asyncio.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_sequential_requests_share_one_connection(app):
+    endpoint, seen = app
+
+    timed, opened = _pooled_sequence(endpoint, ["linger"] + ["hello"] * 9)
     assert opened == 1
     assert len(seen) == 10 and len({port for port, _ in seen}) == 1
     assert {header for _, header in seen} == {"keep-alive"}
@@ -139,14 +145,7 @@ def test_sequential_requests_share_one_connection(app):
 def test_an_error_status_is_reported_and_the_pool_goes_on(app):
     endpoint, seen = app
 
-    async def main():
-        pool = ConnectionPool(endpoint)
-        try:
-            return await _sequence(endpoint, ["busy", "hello", "busy", "hello"], pool), pool.opened
-        finally:
-            pool.close()
-
-    timed, opened = asyncio.run(main())
+    timed, opened = _pooled_sequence(endpoint, ["busy", "hello", "busy", "hello"])
     results = [r for r, _ in timed]
     for busy in results[0::2]:
         assert not busy.ok and busy.status == 429

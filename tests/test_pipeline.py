@@ -197,17 +197,22 @@ def test_overload_is_refused_clearly(tokenizer_512):
     run(body())
 
 
+def _admission_config(tokenizer: str, slots: int, ahead: int, step_s: float):
+    """Threads mode, max_running far above the slots: admission is the router's to decide."""
+    return make_config(
+        tokenizer,
+        "threads",
+        model={"fake_step_s": step_s, "num_slots": slots},
+        router={"max_running": 64, "admit_ahead_tokens": ahead, "max_queued": 16},
+    )
+
+
 def test_admission_waits_for_a_free_decode_slot(tokenizer_512):
     """With max_running far above the decode slots, the router admits a request only for a free
     decode slot: the rest wait at the router, instead of being prefilled only to stall at the
     decode worker between their first and second token. Every request still completes."""
     tok = load_tokenizer(tokenizer_512)
-    config = make_config(
-        tokenizer_512,
-        "threads",
-        model={"fake_step_s": 0.01, "num_slots": 2},
-        router={"max_running": 64, "admit_ahead_tokens": 0, "max_queued": 16},
-    )
+    config = _admission_config(tokenizer_512, slots=2, ahead=0, step_s=0.01)
 
     async def body():
         async with pipeline(config) as (core, _):
@@ -229,12 +234,7 @@ def test_admission_runs_ahead_of_a_slot_about_to_free(tokenizer_512):
     prefill overlaps the last steps of the one it replaces: with one slot, the second request
     is running before the first has ended."""
     tok = load_tokenizer(tokenizer_512)
-    config = make_config(
-        tokenizer_512,
-        "threads",
-        model={"fake_step_s": 0.02, "num_slots": 1},
-        router={"max_running": 64, "admit_ahead_tokens": 5, "max_queued": 16},
-    )
+    config = _admission_config(tokenizer_512, slots=1, ahead=5, step_s=0.02)
 
     async def body():
         async with pipeline(config) as (core, _):
