@@ -186,7 +186,7 @@ def test_overload_is_refused_clearly(tokenizer_512):
             params = RequestParams(max_tokens=100, ignore_eos=True)
             running = [await core.submit(prompt, params) for _ in range(2)]
             queued = asyncio.create_task(core.submit(prompt, params))
-            await asyncio.sleep(0.1)
+            await wait_for(lambda: len(core.waiters) == 1, 5, "the third request queued")
             with pytest.raises(Overloaded):
                 await core.submit(prompt, params)
             for h in running:
@@ -242,8 +242,9 @@ def test_admission_runs_ahead_of_a_slot_about_to_free(tokenizer_512):
             params = RequestParams(max_tokens=40, ignore_eos=True)
             first = await core.submit(prompt, params)
             second_task = asyncio.create_task(core.submit(prompt, params))
-            await asyncio.sleep(0.1)
-            assert not second_task.done() and core.running == 1  # the slot is busy: it waits
+            await wait_for(lambda: len(core.waiters) == 1, 5, "the second request queued")
+            # the slot is busy with more than admit_ahead_tokens to go: the second one waits
+            assert core.running == 1 and first.completion_tokens < 40 - 5
             second = await asyncio.wait_for(second_task, 10)
             assert first.result is None, "admitted only after the first request ended"
             assert 40 - 5 <= first.completion_tokens < 40
