@@ -135,7 +135,7 @@ def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
         slots=16,
         max_seq_len=512,
         concurrencies=(1, 16, 64, 128),
-        num_requests=(8, 64, 128, 256),
+        num_requests=(24, 64, 128, 256),  # c=1: enough requests for a steady median TTFT
         prompt_tokens=128,
         output_tokens=128,  # the reference load: 16 streams of 128 output tokens
         cpu_threads=1,  # a second XLA thread gains nothing on the 7M shape; the stack needs it
@@ -483,10 +483,15 @@ def targets(results: dict[str, SectionResult]) -> str:
     run1 = find_run(tiny, "processes", 1)
     if tiny and tiny.ceiling and run1 and (tiny.ceiling.get("prefill_s") or {}).get("p50"):
         over = run1["ttft_s"]["p50"] - tiny.ceiling["prefill_s"]["p50"]
+        measured = (f"TTFT p50 {run1['ttft_s']['p50'] * 1e3:.1f} ms - prefill p50 "
+                    f"{tiny.ceiling['prefill_s']['p50'] * 1e3:.1f} ms = {over * 1e3:+.1f} ms")
+        served = ((run1.get("server") or {}).get("prefill_time") or {}).get("mean")
+        if served:  # splits the excess into the pipeline's share and the served prefill's
+            measured += (f"; served prefill mean {served * 1e3:.1f} ms, so the pipeline adds "
+                         f"{(run1['ttft_s']['p50'] - served) * 1e3:.1f} ms")
         rows.append([
             "tiny-7m: TTFT at concurrency 1 exceeds bare prefill by < 5 ms (median)",
-            f"TTFT p50 {run1['ttft_s']['p50'] * 1e3:.1f} ms - prefill p50 "
-            f"{tiny.ceiling['prefill_s']['p50'] * 1e3:.1f} ms = {over * 1e3:+.1f} ms",
+            measured,
             "yes" if over < 0.005 else "no",
         ])  # fmt: skip
     if not rows:

@@ -6,10 +6,13 @@ A request's path through this process:
  2. engine.prefill() runs the prompt (padded to a compiled length bucket) and samples output
     position 0.
  3. The finish rules are checked for that first token (max_tokens 1, eos).
- 4. Unless the request already finished, its prefix (the KV cache of the true prompt length as
-    extra frames, plus the first token) goes to the decode worker.
- 5. The first token goes straight to the pinned detok worker as a TokenBatch with sequence 0 that
-    opens the stream (detokenization parameters ride along), for a fast time to first token.
+ 4. The first token goes straight to the pinned detok worker as a TokenBatch with sequence 0 that
+    opens the stream (detokenization parameters ride along): it leaves first, because it is what
+    the client is waiting for.
+ 5. Unless the request already finished, its prefix (the KV cache of the true prompt length as
+    extra frames, plus the first token) goes to the decode worker. Should the detok worker end
+    the stream on a stop string before the prefix arrives, its Finish leaves a tombstone at the
+    decode worker, which then drops the prefix.
 """
 
 from __future__ import annotations
@@ -115,15 +118,20 @@ class PrefillWorker(WorkerLoop):
             self.fail([rid], f"prefill failed: {exc}")
             return
         took = time.perf_counter() - start
-        self.prefill_time.observe(took)
-        self.prefills += 1
-        log.info("%s prefilled: %d tokens in %.1f ms, detok %d", rid, prefix.length, took * 1e3,
-                 req.detok_index)  # fmt: skip
         max_seq_len = self.engine.max_seq_len
         finish = token_finish(req.stop, prefix.first_token, 1, prefix.length + 1, max_seq_len)
-        if finish == FINISH_NONE:
-            # the prefix leaves before the first token, so a detok worker never sees a stream
-            # whose prefix this process still holds
+        first = TokenBatch(
+            protocol.SOURCE_PREFILL,
+            self.prefills + 1,
+            [rid],
+            [0],
+            [prefix.first_token],
+            [prefix.first_logprob],
+            [finish],
+            [OpenStream(rid, req.detok, req.logprobs)],
+        )
+        self.detoks[req.detok_index].send(first)
+        if finish == FINISH_NONE and not self.drop_prefixes:
             header = PrefixHeader(
                 rid,
                 req.detok_index,
@@ -134,19 +142,12 @@ class PrefillWorker(WorkerLoop):
                 req.stop,
                 protocol.kv_meta(prefix.kv),
             )
-            if not self.drop_prefixes:
-                self.decode.send(header, prefix.kv)
-        first = TokenBatch(
-            protocol.SOURCE_PREFILL,
-            self.prefills,
-            [rid],
-            [0],
-            [prefix.first_token],
-            [prefix.first_logprob],
-            [finish],
-            [OpenStream(rid, req.detok, req.logprobs)],
-        )
-        self.detoks[req.detok_index].send(first)
+            self.decode.send(header, prefix.kv)
+        # bookkeeping after the sends: nothing here delays the first token
+        self.prefill_time.observe(took)
+        self.prefills += 1
+        log.info("%s prefilled: %d tokens in %.1f ms, detok %d", rid, prefix.length, took * 1e3,
+                 req.detok_index)  # fmt: skip
 
     def fail(self, request_ids: list[str], message: str) -> None:
         log.warning("prefill: failing %s: %s", request_ids, message)

@@ -1,7 +1,7 @@
 """The router's Prometheus metrics, in a registry of its own (no process-global state).
 
 Request-level figures are observed here as requests move; worker figures (free slots, detok load,
-decode step time and step gap) are read from the latest heartbeats at scrape time.
+decode step time and step gap, prefill time) are read from the latest heartbeats at scrape time.
 """
 
 from __future__ import annotations
@@ -116,21 +116,30 @@ class _WorkerCollector:
         pending = GaugeMetricFamily("splitserve_decode_pending_prefixes", "Prefixes waiting")
         pending.add_metric([], float(load.get("pending", 0)))
         yield pending
-        for key, name, doc in (
-            ("step_time", "splitserve_decode_step_seconds", "Decode step duration"),
+        prefill = self.workers.get("prefill", 0)
+        for load_of, key, name, doc in (
+            (load, "step_time", "splitserve_decode_step_seconds", "Decode step duration"),
             (
+                load,
                 "step_gap",
                 "splitserve_decode_step_gap_seconds",
                 "Start-to-start time between consecutive busy decode steps",
             ),
+            (
+                prefill.load if prefill else {},
+                "prefill_time",
+                "splitserve_prefill_seconds",
+                "Prefill duration (engine.prefill of one prompt, first token sampled)",
+            ),
         ):
-            snap = load.get(key)
+            snap = load_of.get(key)
             if snap:
                 yield _histogram(name, doc, snap)
                 # exact quantiles over the worker's recent window: finer than the buckets
                 recent = GaugeMetricFamily(
-                    f"{name}_recent", f"{doc}: quantiles over recent steps", labels=["quantile"]
-                )
+                    f"{name}_recent", f"{doc}: quantiles over the recent window",
+                    labels=["quantile"],
+                )  # fmt: skip
                 for q in ("p50", "p90", "p99"):
                     recent.add_metric([str(int(q[1:]) / 100)], float(snap.get(q, 0.0)))
                 yield recent

@@ -117,6 +117,16 @@ def test_metrics_parse_and_counters_move(stack, tok, model):
     assert moved("splitserve_e2e_request_latency_seconds_count") == 2
     r = httpx.get(f"{stack.url}/metrics", timeout=10)
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    # worker figures come with heartbeats: the two prefills show up within a few beats
+    def prefills(samples):
+        return samples.get("splitserve_prefill_seconds_count", 0)
+
+    deadline = time.monotonic() + 10
+    while prefills(stack.metrics()) - prefills(before) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    latest = stack.metrics()
+    assert prefills(latest) - prefills(before) >= 2  # >=: an earlier test's may lag in `before`
+    assert latest['splitserve_prefill_seconds_recent{quantile="0.5"}'] > 0
 
 
 # ---- completions ------------------------------------------------------------------------------

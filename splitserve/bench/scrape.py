@@ -1,11 +1,11 @@
-"""The server's view of a run: /metrics read before and after, decode step figures from the delta.
+"""The server's view of a run: /metrics read before and after, worker figures from the delta.
 
-The decode worker's step time and step gap (start-to-start time of consecutive busy steps) reach
-/metrics as bucketed histograms; the delta of two scrapes is the distribution seen during the run,
-and its quantiles are interpolated inside buckets (as Prometheus' histogram_quantile does), so
-they are only as fine as the buckets. Where the router also exports the decode worker's
-recent-window quantiles as gauges (`<name>_recent{quantile="0.99"}`), those exact figures are
-reported beside them.
+The decode worker's step time and step gap (start-to-start time of consecutive busy steps), and the
+prefill worker's prefill time, reach /metrics as bucketed histograms; the delta of two scrapes is
+the distribution seen during the run (its mean exact, its quantiles interpolated inside buckets as
+Prometheus' histogram_quantile does, so only as fine as the buckets). Where the router also
+exports a worker's recent-window quantiles as gauges (`<name>_recent{quantile="0.99"}`), those
+exact figures are reported beside them.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import httpx
 
 from splitserve.bench.stats import QUANTILES, histogram_quantile
 
-STEP_HISTOGRAMS = {
+SERVER_HISTOGRAMS = {
     "step_gap": "splitserve_decode_step_gap_seconds",
     "step_time": "splitserve_decode_step_seconds",
+    "prefill_time": "splitserve_prefill_seconds",
 }
 COUNTERS = {
     "server_generation_tokens": "splitserve_generation_tokens_total",
@@ -115,7 +116,7 @@ def summarize_histogram(delta: dict[str, Any] | None) -> dict[str, float] | None
 
 
 def recent_quantiles(samples: Samples | None, name: str) -> dict[str, float] | None:
-    """The decode worker's recent-window quantiles, when the router exports them as gauges."""
+    """A worker's recent-window quantiles, when the router exports them as gauges."""
     rows = (samples or {}).get(name + "_recent")
     if not rows:
         return None
@@ -134,11 +135,11 @@ def counter_value(samples: Samples | None, name: str) -> float | None:
 
 
 def server_figures(before: Samples | None, after: Samples | None) -> dict[str, Any]:
-    """What the server saw during the run: step gap and step time, token counters."""
+    """What the server saw during the run: step gap, step time, prefill time, token counters."""
     if after is None:
         return {"available": False}
     out: dict[str, Any] = {"available": True}
-    for key, name in STEP_HISTOGRAMS.items():
+    for key, name in SERVER_HISTOGRAMS.items():
         delta = histogram_delta(
             histogram(before, name) if before else None, histogram(after, name)
         )

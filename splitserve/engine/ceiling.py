@@ -89,7 +89,7 @@ def measure_decode_ceiling(
     }
 
 
-def measure_prefill(engine: Engine, prompt_len: int, repeats: int = 10) -> dict:
+def measure_prefill(engine: Engine, prompt_len: int, repeats: int = 30) -> dict:
     """Time prefill of a prompt_len-token prompt (after one untimed call that warms it)."""
     engine.prefill(_prompt(prompt_len, engine.vocab_size, 1), SamplingParams())
     times = []

@@ -1,0 +1,126 @@
+"""The wire codec: every message survives a round trip, and malformed frames raise ProtocolError."""
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitserve import protocol
+from splitserve.engine.interface import SamplingParams
+from splitserve.protocol import (
+    Abort,
+    DetokParams,
+    Finish,
+    GenerateRequest,
+    Heartbeat,
+    OpenStream,
+    PrefixHeader,
+    ProtocolError,
+    Ready,
+    RequestFailed,
+    StopCriteria,
+    TextBatch,
+    TextDelta,
+    TokenBatch,
+)
+
+ids = st.text(min_size=1, max_size=40)
+ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+floats = st.floats(allow_nan=False, width=32)
+token_lists = st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=300)
+
+sampling = st.builds(SamplingParams, floats, floats, ints, st.integers(0, 2**32 - 1))
+stops = st.builds(StopCriteria, ints, ints, st.booleans(), token_lists, token_lists)
+detoks = st.builds(DetokParams, st.booleans(), st.lists(st.text(max_size=8)), st.booleans(), ints)
+opens = st.builds(OpenStream, ids, detoks, st.booleans())
+deltas = st.builds(TextDelta, ids, st.text(), token_lists, st.lists(floats),
+                   st.sampled_from(["", "stop", "length"]))  # fmt: skip
+loads = st.dictionaries(st.text(max_size=8), st.one_of(ints, floats, st.text(max_size=8)))
+
+
+@st.composite
+def token_batches(draw):
+    n = draw(st.integers(0, 70))
+    column = lambda s: draw(st.lists(s, min_size=n, max_size=n))  # noqa: E731
+    return TokenBatch(
+        draw(st.sampled_from([protocol.SOURCE_PREFILL, protocol.SOURCE_DECODE])),
+        draw(ints),
+        column(ids),
+        column(ints),
+        column(ints),
+        column(floats),
+        column(st.integers(0, 2)),
+        draw(st.lists(opens, max_size=3)),
+    )
+
+
+messages = st.one_of(
+    st.builds(GenerateRequest, ids, ints, token_lists, sampling, stops, detoks, st.booleans()),
+    st.builds(PrefixHeader, ids, ints, ints, ints, floats, sampling, stops,
+              st.lists(st.tuples(st.just("<f4"), st.lists(ints, max_size=4)).map(list))),
+    token_batches(),
+    st.builds(TextBatch, st.lists(deltas, max_size=10)),
+    st.builds(Abort, st.lists(ids)),
+    st.builds(Finish, st.lists(ids)),
+    st.builds(RequestFailed, st.lists(ids), st.text(), st.text()),
+    st.builds(Ready, st.text(), ints, ints, ints, loads),
+    st.builds(Heartbeat, st.text(), ints, ints, loads),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages)
+def test_every_message_survives_a_round_trip(msg):
+    frames = protocol.encode(msg)
+    back, extra = protocol.decode(frames)
+    assert back == msg
+    assert type(back) is type(msg)
+    assert extra == []
+
+
+def test_kv_arrays_travel_as_extra_frames_without_a_copy():
+    kv = [np.arange(24, dtype=np.float32).reshape(2, 3, 4), np.ones((2, 3, 4), np.float32)]
+    header = PrefixHeader("r", 0, 3, 7, -0.5, SamplingParams(), StopCriteria(4),
+                          protocol.kv_meta(kv))  # fmt: skip
+    frames = protocol.encode(header, kv)
+    back, extra = protocol.decode(frames)
+    arrays = protocol.arrays_from_frames(back.kv_meta, extra)
+    for sent, got in zip(kv, arrays, strict=True):
+        np.testing.assert_array_equal(sent, got)
+
+
+def _frame(code: int, body) -> list[bytes]:
+    return [bytes([code]) + msgpack.packb(body, use_bin_type=True)]
+
+
+good_request = GenerateRequest("r", 0, [1, 2], SamplingParams(), StopCriteria(4), DetokParams())
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],
+        [b""],
+        [b"\xee"],  # unknown type
+        [b"\x01not msgpack"],
+        _frame(1, {"request_id": "r"}),  # a map, not an array
+        _frame(1, ["r", 0]),  # too few fields
+        _frame(1, [*protocol._CODECS[GenerateRequest].to_wire(good_request), 1, 2]),  # too many
+        _frame(1, ["r", "zero", [1], [0.0, 1.0, 0, 1], [4], [], False]),  # str for an int
+        _frame(1, ["r", 0, 5, [0.0, 1.0, 0, 1], [4], [], False]),  # int for a list
+        _frame(1, ["r", 0, [1], "sampling", [4], [], False]),  # str for a nested message
+        _frame(1, ["r", 0, [1], [0.0, 1.0, 0, 1], ["four"], [], False]),  # bad nested field
+        _frame(4, [["not a delta"]]),  # a list of nested messages holding a str
+        _frame(9, ["decode", 0, 1, ["not", "a", "map"]]),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(frames):
+    with pytest.raises(ProtocolError):
+        protocol.decode(frames)
+
+
+def test_a_well_formed_request_decodes_with_defaults_filled_in():
+    body = protocol._CODECS[GenerateRequest].to_wire(good_request)[:-1]  # logprobs left out
+    msg, _ = protocol.decode(_frame(1, body))
+    assert msg == good_request
