@@ -570,6 +570,9 @@ How to read the figures:
   (end - first text) / (tokens - 1); **E2E**: send to end of stream. Milliseconds.
 - **step gap**: start-to-start time of consecutive busy decode steps, **step**: one decode step,
   both as the decode worker saw them during the run (from /metrics).
+- **batch fill**: tokens decoded / (decode steps x slots) during the run: served decode throughput
+  is batch fill x slots / step gap, so a run below its ceiling either ran emptier batches (slots
+  waiting for prefills) or longer gaps.
 
 """
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 from router.requests import RequestHandle
 from router.workers import WorkerTable
@@ -116,6 +120,17 @@ class _WorkerCollector:
         pending = GaugeMetricFamily("splitserve_decode_pending_prefixes", "Prefixes waiting")
         pending.add_metric([], float(load.get("pending", 0)))
         yield pending
+        slots = GaugeMetricFamily("splitserve_decode_slots", "Decode slots (the batch size)")
+        slots.add_metric([], float(load.get("num_slots", 0)))
+        yield slots
+        # tokens / (steps x slots) over an interval is how full the decode batch ran
+        for key, name, doc in (
+            ("steps", "splitserve_decode_steps", "Decode steps run"),
+            ("tokens_sent", "splitserve_decode_tokens", "Tokens produced by decode steps"),
+        ):
+            counter = CounterMetricFamily(name, doc)
+            counter.add_metric([], float(load.get(key, 0)))
+            yield counter
         prefill = self.workers.get("prefill", 0)
         for load_of, key, name, doc in (
             (load, "step_time", "splitserve_decode_step_seconds", "Decode step duration"),

@@ -65,7 +65,7 @@ def load_table(runs: Sequence[dict[str, Any]], name_key: str = "label") -> str:
     header = [
         "load", "ok / failed", "out tok/s", "steady tok/s", "of ceiling", "req/s",
         "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "TPOT p50 ms", "E2E p50 / p99 ms",
-        "step gap p50 / p99 ms", "step p50 ms",
+        "step gap p50 / p99 ms", "step p50 ms", "batch fill",
     ]  # fmt: skip
     rows = []
     for r in runs:
@@ -86,6 +86,7 @@ def load_table(runs: Sequence[dict[str, Any]], name_key: str = "label") -> str:
             _pair_ms(r["e2e_s"]),
             _pair_ms(gap),
             _ms(step, "p50"),
+            "–" if server.get("batch_fill") is None else f"{server['batch_fill']:.0%}",
         ])  # fmt: skip
     return table(header, rows)
 

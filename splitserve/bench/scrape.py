@@ -24,6 +24,8 @@ SERVER_HISTOGRAMS = {
     "prefill_time": "splitserve_prefill_seconds",
 }
 COUNTERS = {
+    "decode_steps": "splitserve_decode_steps_total",
+    "decode_tokens": "splitserve_decode_tokens_total",
     "server_generation_tokens": "splitserve_generation_tokens_total",
     "server_prompt_tokens": "splitserve_prompt_tokens_total",
 }
@@ -148,4 +150,8 @@ def server_figures(before: Samples | None, after: Samples | None) -> dict[str, A
     for key, name in COUNTERS.items():
         a, b = counter_value(after, name), counter_value(before, name)
         out[key] = None if a is None else a - (b or 0.0)
+    # how full the decode batch ran: served throughput is batch fill x slots / step gap
+    slots = counter_value(after, "splitserve_decode_slots")
+    steps, tokens = out.get("decode_steps"), out.get("decode_tokens")
+    out["batch_fill"] = tokens / (steps * slots) if slots and steps and tokens else None
     return out
