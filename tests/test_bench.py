@@ -118,6 +118,9 @@ splitserve_decode_step_gap_seconds_bucket{le="+Inf"} 5.0
 splitserve_decode_step_gap_seconds_count 5.0
 splitserve_decode_step_gap_seconds_sum 0.0025
 splitserve_generation_tokens_total 100.0
+splitserve_decode_slots 16.0
+splitserve_decode_steps_total 10.0
+splitserve_decode_tokens_total 80.0
 """
 METRICS_AFTER = """splitserve_decode_step_gap_seconds_bucket{le="0.001"} 5.0
 splitserve_decode_step_gap_seconds_bucket{le="0.01"} 105.0
@@ -127,6 +130,9 @@ splitserve_decode_step_gap_seconds_sum 0.5025
 splitserve_decode_step_gap_seconds_recent{quantile="0.5"} 0.004
 splitserve_decode_step_gap_seconds_recent{quantile="0.99"} 0.009
 splitserve_generation_tokens_total 1124.0
+splitserve_decode_slots 16.0
+splitserve_decode_steps_total 110.0
+splitserve_decode_tokens_total 1280.0
 """
 
 
@@ -141,6 +147,7 @@ def test_metrics_delta_gives_the_runs_step_gap():
     assert figures["step_gap_recent"] == {"p50": 0.004, "p99": 0.009}
     assert figures["server_generation_tokens"] == 1024
     assert figures["step_time"] is None  # absent from this exposition
+    assert figures["batch_fill"] == pytest.approx(1200 / (100 * 16))  # tokens / (steps x slots)
     restarted = scrape.server_figures(after, before)  # counters went down: after alone counts
     assert restarted["step_gap"]["count"] == 5
 

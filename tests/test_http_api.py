@@ -117,16 +117,23 @@ def test_metrics_parse_and_counters_move(stack, tok, model):
     assert moved("splitserve_e2e_request_latency_seconds_count") == 2
     r = httpx.get(f"{stack.url}/metrics", timeout=10)
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    # worker figures come with heartbeats: the two prefills show up within a few beats
-    def prefills(samples):
-        return samples.get("splitserve_prefill_seconds_count", 0)
+    # worker figures come with heartbeats: the two prefills (and the 2 x 4 tokens the decode
+    # worker made after them) show up within a few beats
+    def grew(samples, name):
+        return samples.get(name, 0) - before.get(name, 0)
+
+    def caught_up(samples):
+        return (grew(samples, "splitserve_prefill_seconds_count") >= 2
+                and grew(samples, "splitserve_decode_tokens_total") >= 8)  # fmt: skip
 
     deadline = time.monotonic() + 10
-    while prefills(stack.metrics()) - prefills(before) < 2 and time.monotonic() < deadline:
+    while not caught_up(stack.metrics()) and time.monotonic() < deadline:
         time.sleep(0.1)
     latest = stack.metrics()
-    assert prefills(latest) - prefills(before) >= 2  # >=: an earlier test's may lag in `before`
+    assert caught_up(latest)  # >=: an earlier test's figures may still lag in `before`
     assert latest['splitserve_prefill_seconds_recent{quantile="0.5"}'] > 0
+    assert latest["splitserve_decode_steps_total"] >= 4
+    assert latest["splitserve_decode_slots"] >= 1
 
 
 # ---- completions ------------------------------------------------------------------------------
