@@ -12,8 +12,10 @@ Sections (each one stack per mode, started with `splitserve serve` and always st
     outputs, several stop strings each, prompts with multi-byte UTF-8; processes and threads.
  3. fake: the fake engine (no model compute): what the serving pipeline alone sustains.
  4. smollm2: SmolLM2-135M-Instruct (the default model, its GGUF tokenizer): ceiling and sweep.
-Engine ceilings run in a subprocess while no stack is up, so nothing else competes for the CPUs,
-once before a section's served loads and once after: the ceiling is the mean of the two.
+Engine ceilings run in a subprocess while no stack is up, so nothing else competes for the CPUs:
+before the first mode's served loads, between the modes and after the last. Each mode's runs are
+judged against the mean of the two ceilings on either side of them, so that the engine's drift
+over minutes on a shared host stays out of the served/ceiling ratio.
 
 CPU layout (on a host with 2 or more CPUs): the decode worker owns the first CPU; the prefill,
 detok and router processes share the others with the load generator (this process), and so do
@@ -98,7 +100,8 @@ class Section:
 @dataclass
 class SectionResult:
     section: Section
-    ceiling: dict[str, Any] | None = None
+    ceiling: dict[str, Any] | None = None  # the mean of every ceiling run of the section
+    mode_ceilings: dict[str, dict[str, Any]] = field(default_factory=dict)  # mode -> its bracket
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # mode -> bench report
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -342,19 +345,21 @@ def bench_settings(s: Section, url: str) -> BenchSettings:
     )
 
 
-def bracketed(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict | None:
-    """One ceiling from the runs before and after the served loads: the mean of their medians.
-    On a shared host the engine's speed drifts over minutes; a ceiling taken on one side only
-    of the served runs would carry that drift into the served/ceiling ratio."""
-    runs = [c for c in (before, after) if c]
+def bracketed(runs: list[dict[str, Any] | None]) -> dict | None:
+    """One ceiling from several runs of it (those on either side of some served loads): the
+    mean of their medians. On a shared host the engine's speed drifts over minutes; a ceiling
+    taken on one side only of the served runs would carry that drift into the served/ceiling
+    ratio."""
+    runs = [c for c in runs if c]
     if len(runs) < 2:
         return runs[0] if runs else None
     mean = lambda key, q="p50": statistics.fmean(c[key][q] for c in runs)  # noqa: E731
-    out = dict(before)
+    first = runs[0]
+    out = dict(first)
     out["tokens_per_s"] = statistics.fmean(c["tokens_per_s"] for c in runs)
-    out["step_s"] = {**before["step_s"], "p50": mean("step_s"), "p90": mean("step_s", "p90"),
+    out["step_s"] = {**first["step_s"], "p50": mean("step_s"), "p90": mean("step_s", "p90"),
                      "p99": mean("step_s", "p99")}  # fmt: skip
-    out["prefill_s"] = {**before["prefill_s"], "p50": mean("prefill_s")}
+    out["prefill_s"] = {**first["prefill_s"], "p50": mean("prefill_s")}
     out["bracket"] = [{"tokens_per_s": c["tokens_per_s"], "step_p50_s": c["step_s"]["p50"],
                        "prefill_p50_s": c["prefill_s"]["p50"]} for c in runs]  # fmt: skip
     return out
@@ -373,7 +378,9 @@ def measure_ceiling(s: Section, work_dir: str, tag: str, res: SectionResult) -> 
 def run_section(s: Section, work_dir: str) -> SectionResult:
     res = SectionResult(s)
     t0 = time.monotonic()
-    before = measure_ceiling(s, work_dir, "", res) if s.ceiling else None
+    # a ceiling before the first mode, between the modes and after the last: each mode's runs are
+    # judged against the ceilings on either side of them, a minute or two apart
+    ceilings = [measure_ceiling(s, work_dir, "", res) if s.ceiling else None]
     layout = cpu_layout() if s.pin_roles else None
     for mode in s.modes:
         started: list[Stack] = []
@@ -398,10 +405,13 @@ def run_section(s: Section, work_dir: str) -> SectionResult:
         finally:
             for st in started:
                 st.stop()
-    after = measure_ceiling(s, work_dir, "-after", res) if s.ceiling else None
-    res.ceiling = bracketed(before, after)
+        if s.ceiling:
+            ceilings.append(measure_ceiling(s, work_dir, f"-after-{mode}", res))
+            res.mode_ceilings[mode] = bracketed(ceilings[-2:])
+    res.ceiling = bracketed(ceilings)
     for run in all_runs(res):
-        run["fraction_of_ceiling"] = fraction_of_ceiling(run, res.ceiling)
+        ceiling = res.mode_ceilings.get(run["mode"]) or res.ceiling
+        run["fraction_of_ceiling"] = fraction_of_ceiling(run, ceiling)
     res.seconds = time.monotonic() - t0
     return res
 
@@ -437,12 +447,13 @@ def targets(results: dict[str, SectionResult]) -> str:
         served = [r for r in tiny.reports.get("processes", {}).get("runs", [])
                   if (r["concurrency"] or 0) >= tiny.section.slots]  # fmt: skip
         best = max(served, key=lambda r: r.get("fraction_of_ceiling") or 0, default=None)
+        ceiling = tiny.mode_ceilings.get("processes") or tiny.ceiling
         if best and best.get("fraction_of_ceiling") is not None:
             f = best["fraction_of_ceiling"]
             rows.append([
                 "tiny-7m served throughput at saturation >= 90% of the engine ceiling",
                 f"{f:.0%} ({best['steady_output_tokens_per_s']:,.0f} of "
-                f"{tiny.ceiling['tokens_per_s']:,.0f} tok/s, processes, c={best['concurrency']})",
+                f"{ceiling['tokens_per_s']:,.0f} tok/s, processes, c={best['concurrency']})",
                 "yes" if f >= 0.9 else "no",
             ])  # fmt: skip
     detok = results.get("detok")
@@ -481,10 +492,13 @@ def targets(results: dict[str, SectionResult]) -> str:
                     "yes" if a > b and itl_p < itl_t else "no",
                 ])  # fmt: skip
     run1 = find_run(tiny, "processes", 1)
-    if tiny and tiny.ceiling and run1 and (tiny.ceiling.get("prefill_s") or {}).get("p50"):
-        over = run1["ttft_s"]["p50"] - tiny.ceiling["prefill_s"]["p50"]
+    bare = ((tiny.mode_ceilings.get("processes") or tiny.ceiling or {}) if tiny else {}).get(
+        "prefill_s"
+    )
+    if run1 and bare and bare.get("p50"):
+        over = run1["ttft_s"]["p50"] - bare["p50"]
         measured = (f"TTFT p50 {run1['ttft_s']['p50'] * 1e3:.1f} ms - prefill p50 "
-                    f"{tiny.ceiling['prefill_s']['p50'] * 1e3:.1f} ms = {over * 1e3:+.1f} ms")
+                    f"{bare['p50'] * 1e3:.1f} ms = {over * 1e3:+.1f} ms")
         served = ((run1.get("server") or {}).get("prefill_time") or {}).get("mean")
         if served:  # splits the excess into the pipeline's share and the served prefill's
             measured += (f"; served prefill mean {served * 1e3:.1f} ms, so the pipeline adds "
@@ -515,7 +529,10 @@ def section_doc(res: SectionResult, assets: str, doc_dir: str) -> str:
         out.append(f"> **Error:** {err}\n")
     if res.ceiling:
         out += ["Engine ceiling (decode step in a tight loop, every slot live, no serving; the "
-                "mean of a run before and a run after the served loads):\n",
+                "mean of runs before, between and after the modes' served loads, and each mode's "
+                "**of ceiling** is against the two runs on either side of it: "
+                + ", ".join(f"{b['tokens_per_s']:,.0f}" for b in res.ceiling.get("bracket", []))
+                + " tok/s in turn):\n",
                 report.ceiling_table([res.ceiling])]  # fmt: skip
     runs = all_runs(res)
     if runs:
@@ -607,7 +624,8 @@ def write_doc(path: str, assets: str, args, started, results: dict[str, SectionR
     report.write_markdown("\n".join(parts), path)
     for key, res in results.items():
         record = {"section": asdict(res.section), "ceiling": res.ceiling,
-                  "reports": res.reports, "errors": res.errors}  # fmt: skip
+                  "mode_ceilings": res.mode_ceilings, "reports": res.reports,
+                  "errors": res.errors}  # fmt: skip
         report.write_json(record, os.path.join(assets, f"{key}.json"))
 
 

@@ -87,7 +87,7 @@ class RouterCore:
         # Admitting more requests than decode has slots only prefills them early: their first
         # token streams, then they sit at the decode worker (a long mid-stream pause) while
         # their prefill took CPU from requests already decoding. So a request is admitted for
-        # a free slot, or for one about to free (see admission_limit).
+        # a free slot, or for one about to free (see _may_admit_ahead).
         self.num_slots = config.model.num_slots
         self.accepting = True
         self.metrics = RouterMetrics(self.workers, lambda: self.running, lambda: len(self.waiters))
@@ -271,22 +271,20 @@ class RouterCore:
 
     def admission_limit(self) -> int:
         """Requests allowed in the pipeline now (never more than max_running): one per decode
-        slot, plus one per slot that frees about when a request admitted now would have been
-        prefilled. Prefills run one after another, so the j-th request admitted ahead reaches
-        the decode worker about j prefills from now: it may take the slot of the running request
-        with the j-th fewest tokens left if that one ends within j * admit_ahead_tokens tokens
-        (the decode steps one prefill takes). Counts on max_tokens: a request that ends sooner
-        (eos, a stop string) leaves its slot idle for one prefill."""
+        slot, plus one more while a request admitted now would reach the decode worker about
+        when a slot frees for it (see _may_admit_ahead)."""
         limit = self.config.router.max_running
-        per_prefill = self._lead_per_prefill()
-        if self.running < self.num_slots or not per_prefill:
+        if self.running < self.num_slots:
             return min(limit, self.num_slots)
-        return min(limit, self.num_slots + self._slots_freeing_soon(per_prefill))
+        per_prefill = self._steps_per_prefill()
+        if per_prefill and self._may_admit_ahead(per_prefill):
+            return min(limit, self.running + 1)
+        return min(limit, self.running)
 
-    def _lead_per_prefill(self) -> int:
-        """admit_ahead_tokens, or with "auto" twice the decode steps one prefill takes (the
-        prefill worker's median prefill over the decode worker's median step gap, both from
-        their heartbeats): a prefill that runs slow now and then still lands in time."""
+    def _steps_per_prefill(self) -> int:
+        """admit_ahead_tokens, or with "auto" the decode steps one prefill takes: the prefill
+        worker's median prefill over the decode worker's median step gap, both from their
+        heartbeats."""
         setting = self.config.router.admit_ahead_tokens
         if setting != "auto":
             return int(setting)
@@ -298,21 +296,35 @@ class RouterCore:
                 step = (w.load.get("step_gap") or {}).get("p50") or 0.0
         if not prefill or not step:
             return AUTO_LEAD_UNMEASURED
-        return max(2, min(AUTO_LEAD_MAX, math.ceil(2 * prefill / step)))
+        return max(1, min(AUTO_LEAD_MAX, math.ceil(prefill / step)))
 
-    def _slots_freeing_soon(self, per_prefill: int) -> int:
-        left = sorted(
+    def _may_admit_ahead(self, per_prefill: int) -> bool:
+        """Whether one more request, admitted now while every slot is taken or promised, would
+        reach the decode worker about when a slot frees for it.
+
+        Requests that have a decoded token hold a slot. The others (in prefill, or prefilled
+        and waiting at the decode worker) take, in turn, the free slots and then the slots of
+        the holders with the fewest tokens left; so the new one would take the k-th of those.
+        Prefills run one after another: its own is done after those still queued, about
+        (queued + 1) * per_prefill decode steps from now. It is admitted if the slot frees by
+        then, or at most one prefill later: the slack keeps a slot from idling when a prefill
+        runs slow, at the price of a pause after the first token of at most one prefill.
+        Counts on max_tokens: a request that ends sooner (eos, a stop string) leaves its slot
+        idle until the next prefill is done."""
+        holding = sorted(
             h.params.max_tokens - h.completion_tokens
             for h in self.requests.values()
-            if h.completion_tokens  # decoding (or waiting at decode), not still in prefill
+            if h.completion_tokens >= 2  # the first comes from prefill; the second from a slot
         )
-        ahead = 0
-        for j, tokens_left in enumerate(left, 1):
-            if tokens_left <= j * per_prefill:
-                ahead = j
-            elif tokens_left > len(left) * per_prefill:
-                break  # sorted: no later one can qualify
-        return ahead
+        prefilled = sum(1 for h in self.requests.values() if h.completion_tokens == 1)
+        not_holding = self.running - len(holding)
+        in_prefill = not_holding - prefilled  # includes those granted but not yet submitted
+        k = not_holding - (self.num_slots - len(holding)) + 1
+        if k <= 0:
+            return True  # a slot is free for it
+        if k > len(holding):
+            return False
+        return holding[k - 1] <= (in_prefill + 2) * per_prefill
 
     def _release_admission(self) -> None:
         """Give an admission slot back, and grant what the limit now allows."""
@@ -321,8 +333,7 @@ class RouterCore:
 
     def _grant(self) -> None:
         """The longest waiters get admitted while the limit allows."""
-        limit = self.admission_limit()
-        while self.waiters and self.running < limit:
+        while self.waiters and self.running < self.admission_limit():
             fut = self.waiters.popleft()
             if not fut.done():
                 self.running += 1  # counted at grant time, so no newcomer can take it first

@@ -61,11 +61,11 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_running: int = 64  # requests admitted into the pipeline at once
-    # A request is admitted into the pipeline when a decode slot is free for it, or about to
-    # free: this is the lead, in decode steps, the router gives each request it admits ahead
-    # (see RouterCore.admission_limit). Too small leaves slots idle; too large and a new stream
-    # pauses after its first token until its slot frees. "auto": twice the decode steps one
-    # prefill takes, from the workers' own figures; 0: only for free slots.
+    # A request is admitted into the pipeline when a decode slot is free for it, or when its
+    # prefill would be done about when one frees (see RouterCore._may_admit_ahead). This is the
+    # decode steps one prefill takes: too small leaves slots idle while prefills catch up, too
+    # large and a new stream pauses after its first token until its slot frees. "auto": measured
+    # from the workers' own figures; 0: only for free slots.
     admit_ahead_tokens: int | str = "auto"
     max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
     queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error

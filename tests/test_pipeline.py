@@ -230,9 +230,10 @@ def test_admission_waits_for_a_free_decode_slot(tokenizer_512):
 
 
 def test_admission_runs_ahead_of_a_slot_about_to_free(tokenizer_512):
-    """A request is admitted when a running one has at most admit_ahead_tokens left, so that its
-    prefill overlaps the last steps of the one it replaces: with one slot, the second request
-    is running before the first has ended."""
+    """With every slot taken, a request is admitted when its prefill (admit_ahead_tokens decode
+    steps) would be done by the time a running one ends, with one prefill of slack: with one
+    slot, the second request is admitted once the first has at most 2 x 5 tokens left, and
+    before it has ended."""
     tok = load_tokenizer(tokenizer_512)
     config = _admission_config(tokenizer_512, slots=1, ahead=5, step_s=0.02)
 
@@ -243,15 +244,39 @@ def test_admission_runs_ahead_of_a_slot_about_to_free(tokenizer_512):
             first = await core.submit(prompt, params)
             second_task = asyncio.create_task(core.submit(prompt, params))
             await wait_for(lambda: len(core.waiters) == 1, 5, "the second request queued")
-            # the slot is busy with more than admit_ahead_tokens to go: the second one waits
-            assert core.running == 1 and first.completion_tokens < 40 - 5
+            # the slot is busy with more than 2 x admit_ahead_tokens to go: the second one waits
+            assert core.running == 1 and first.completion_tokens < 40 - 10
             second = await asyncio.wait_for(second_task, 10)
             assert first.result is None, "admitted only after the first request ended"
-            assert 40 - 5 <= first.completion_tokens < 40
+            assert 40 - 10 <= first.completion_tokens < 40
             for handle in (first, second):
                 text, result = await handle.finished()
                 assert result.finish_reason == "length" and result.completion_tokens == 40
             assert core.running == 0
+
+    run(body())
+
+
+def test_admission_ahead_stays_bounded_under_a_closed_loop(tokenizer_512):
+    """Requests admitted ahead (in prefill, or prefilled and waiting for a slot) never count as
+    slots about to free: with 2 slots and 12 requests submitted at once, at most one request per
+    slot waits ahead at any time, so none pauses long between its first and second token."""
+    tok = load_tokenizer(tokenizer_512)
+    config = _admission_config(tokenizer_512, slots=2, ahead=6, step_s=0.01)
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            prompt = _prompts(tok, 1)[0]
+            params = RequestParams(max_tokens=24, ignore_eos=True)
+            handles = [asyncio.create_task(core.submit(prompt, params)) for _ in range(12)]
+            most = 0
+            while not all(t.done() for t in handles) or core.running:
+                most = max(most, core.running)
+                await asyncio.sleep(0.002)
+            assert 2 < most <= 4, f"{most} requests in the pipeline at once"
+            for t in handles:
+                text, result = await (await t).finished()
+                assert result.finish_reason == "length" and result.completion_tokens == 24
 
     run(body())
 
