@@ -87,6 +87,8 @@ def test_summarize_counts_usage_tokens_and_latencies():
     assert s["itl_s"]["count"] == 6  # gaps 0.1, 0.1, 0.2 and 0.2, 0.2, 0.2
     assert s["itl_s"]["mean"] == pytest.approx(1.0 / 6)
     assert s["itl_s"]["max"] == pytest.approx(0.2)
+    assert s["first_gap_s"]["count"] == 2  # first to second chunk: 0.1 and 0.2
+    assert s["first_gap_s"]["mean"] == pytest.approx(0.15)
     # tpot: (0.5 - 0.1) / 3 and (0.8 - 0.2) / 7
     assert s["tpot_s"]["mean"] == pytest.approx(((0.4 / 3) + (0.6 / 7)) / 2)
 

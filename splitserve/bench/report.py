@@ -98,7 +98,8 @@ def distribution_table(runs: Sequence[dict[str, Any]], name_key: str = "label") 
     for r in runs:
         server = r.get("server") or {}
         metrics = [
-            ("TTFT", r["ttft_s"]), ("ITL", r["itl_s"]), ("TPOT", r["tpot_s"]),
+            ("TTFT", r["ttft_s"]), ("ITL", r["itl_s"]),
+            ("first to second chunk", r.get("first_gap_s")), ("TPOT", r["tpot_s"]),
             ("E2E", r["e2e_s"]), ("decode step gap (server)", server.get("step_gap")),
             ("decode step (server)", server.get("step_time")),
         ]  # fmt: skip

@@ -42,6 +42,9 @@ def summarize(results: Sequence[Any], duration_s: float) -> dict[str, Any]:
     - output_tokens_per_s: completion tokens (server usage) of successful requests / duration.
     - ttft: send to first chunk with text; e2e: send to the end of the stream.
     - itl: gaps between consecutive text chunks (a chunk may carry several tokens).
+    - first_gap: per request, the gap between its first and second text chunks: the pause a
+      client sees when the first token (from prefill) arrives well before the request gets a
+      decode slot. One of a request's many ITL gaps, so it hardly moves the ITL quantiles.
     - tpot: per request, (e2e - ttft) / (completion_tokens - 1): time per output token.
     - steady_output_tokens_per_s: tokens delivered in the middle 80% of the run (the tokens of a
       request spread evenly over its chunks), without the ramp-up and the tail.
@@ -53,10 +56,13 @@ def summarize(results: Sequence[Any], duration_s: float) -> dict[str, Any]:
     ttft = [r.ttft for r in ok if r.ttft is not None]
     e2e = [r.e2e for r in ok if r.e2e is not None]
     itl: list[float] = []
+    first_gap: list[float] = []
     tpot: list[float] = []
     for r in ok:
         times = r.chunk_times
         itl.extend(b - a for a, b in zip(times, times[1:], strict=False))
+        if len(times) > 1:
+            first_gap.append(times[1] - times[0])
         if r.completion_tokens > 1 and r.ttft is not None and r.e2e is not None:
             tpot.append((r.e2e - r.ttft) / (r.completion_tokens - 1))
     errors: dict[str, int] = {}
@@ -78,6 +84,7 @@ def summarize(results: Sequence[Any], duration_s: float) -> dict[str, Any]:
         "requests_per_s": len(ok) / duration_s if duration_s > 0 else math.nan,
         "ttft_s": distribution(ttft),
         "itl_s": distribution(itl),
+        "first_gap_s": distribution(first_gap),
         "tpot_s": distribution(tpot),
         "e2e_s": distribution(e2e),
     }
