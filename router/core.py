@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 MAX_SEED = 2**63 - 1
 MONITOR_INTERVAL_S = 0.1
-AUTO_LEAD_UNMEASURED = 4  # admit-ahead lead (decode steps) before the workers report timings
+AUTO_LEAD_UNMEASURED = 4  # decode steps per prefill, for admission ahead, until workers report
 AUTO_LEAD_MAX = 64
 # prefills of slack in admission ahead: 2 measured no fuller batches (96-97%) and twice the
 # pause after the first token (p50 94 vs 50 ms; tiny-7m, 16 slots, c=128)

@@ -211,7 +211,7 @@ class _Codec:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         )
         self.checks = [_check_for(hints[f.name], cls.__name__, f.name) for f in fields]
-        # (index, codec of each item or of the value, is a list) for the fields that nest
+        # (field index, the nested message class, whether the field is a list of them)
         self.nested: list[tuple[int, type, bool]] = []
         for i, f in enumerate(fields):
             hint = hints[f.name]
@@ -272,9 +272,7 @@ def _check_for(hint: Any, owner: str, name: str):
     return check_simple
 
 
-_CODECS: dict[type, _Codec] = {}
-for _cls in (*_NESTED, *MESSAGE_TYPES.values()):
-    _CODECS[_cls] = _Codec(_cls)
+_CODECS: dict[type, _Codec] = {cls: _Codec(cls) for cls in (*_NESTED, *MESSAGE_TYPES.values())}
 
 
 def encode(msg: Any, arrays: list[np.ndarray] | None = None) -> list[Any]:
