@@ -460,7 +460,7 @@ def targets(results: dict[str, SectionResult]) -> str:
                 parts.append(f"batch fill {fill:.0%} over the whole run")
             rows.append([
                 "tiny-7m served throughput at saturation >= 90% of the engine ceiling",
-                f"{f:.0%} ({best['steady_output_tokens_per_s']:,.0f} of "
+                f"{f:.1%} ({best['steady_output_tokens_per_s']:,.0f} of "
                 f"{ceiling['tokens_per_s']:,.0f} tok/s, processes, c={best['concurrency']})"
                 + "".join(f"; {p}" for p in parts),
                 "yes" if f >= 0.9 else "no",
