@@ -268,13 +268,13 @@ def test_admission_ahead_stays_bounded_under_a_closed_loop(tokenizer_512):
         async with pipeline(config) as (core, _):
             prompt = _prompts(tok, 1)[0]
             params = RequestParams(max_tokens=24, ignore_eos=True)
-            handles = [asyncio.create_task(core.submit(prompt, params)) for _ in range(12)]
+            tasks = [asyncio.create_task(core.submit(prompt, params)) for _ in range(12)]
             most = 0
-            while not all(t.done() for t in handles) or core.running:
+            while not all(t.done() for t in tasks) or core.running:
                 most = max(most, core.running)
                 await asyncio.sleep(0.002)
             assert 2 < most <= 4, f"{most} requests in the pipeline at once"
-            for t in handles:
+            for t in tasks:
                 text, result = await (await t).finished()
                 assert result.finish_reason == "length" and result.completion_tokens == 24
 
