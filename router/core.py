@@ -59,8 +59,10 @@ log = logging.getLogger(__name__)
 
 MAX_SEED = 2**63 - 1
 MONITOR_INTERVAL_S = 0.1
-AUTO_LEAD_UNMEASURED = 4  # decode steps per prefill, for admission ahead, until workers report
-AUTO_LEAD_MAX = 64
+# admission ahead with admit_ahead_tokens = "auto": decode steps per prefill until the workers
+# report their timings, and the most it is taken to be
+STEPS_PER_PREFILL_UNMEASURED = 4
+STEPS_PER_PREFILL_MAX = 64
 # prefills of slack in admission ahead: 2 measured no fuller batches (96-97%) and twice the
 # pause after the first token (p50 94 vs 50 ms; tiny-7m, 16 slots, c=128)
 AHEAD_SLACK_PREFILLS = 1
@@ -298,8 +300,8 @@ class RouterCore:
             elif w.role == "decode":
                 step = (w.load.get("step_gap") or {}).get("p50") or 0.0
         if not prefill or not step:
-            return AUTO_LEAD_UNMEASURED
-        return max(1, min(AUTO_LEAD_MAX, math.ceil(prefill / step)))
+            return STEPS_PER_PREFILL_UNMEASURED
+        return max(1, min(STEPS_PER_PREFILL_MAX, math.ceil(prefill / step)))
 
     def _may_admit_ahead(self, per_prefill: int) -> bool:
         """Whether one more request, admitted now while every slot is taken or promised, would
@@ -307,26 +309,25 @@ class RouterCore:
 
         Requests that have a decoded token hold a slot. The others (in prefill, or prefilled
         and waiting at the decode worker) take, in turn, the free slots and then the slots of
-        the holders with the fewest tokens left; so the new one would take the k-th of those.
-        Prefills run one after another: its own is done after those still queued, about
-        (queued + 1) * per_prefill decode steps from now. It is admitted if the slot frees by
-        then, or at most one prefill later: the slack keeps a slot from idling when a prefill
-        runs slow, at the price of a pause after the first token of at most one prefill.
-        Counts on max_tokens: a request that ends sooner (eos, a stop string) leaves its slot
-        idle until the next prefill is done."""
+        the holders with the fewest tokens left; with `running` admitted for `num_slots` slots,
+        the new one would take the k-th holder's, k = running - num_slots + 1. Prefills run one
+        after another: its own is done after those still queued, about (queued + 1) *
+        per_prefill decode steps from now. It is admitted if the slot frees by then, or at most
+        AHEAD_SLACK_PREFILLS prefills later: the slack keeps a slot from idling when a prefill
+        runs slow, at the price of a pause after the first token of that much. Counts on
+        max_tokens: a request that ends sooner (eos, a stop string) leaves its slot idle until
+        the next prefill is done."""
         holding = sorted(
             h.params.max_tokens - h.completion_tokens
             for h in self.requests.values()
             if h.completion_tokens >= 2  # the first comes from prefill; the second from a slot
         )
-        prefilled = sum(1 for h in self.requests.values() if h.completion_tokens == 1)
-        not_holding = self.running - len(holding)
-        in_prefill = not_holding - prefilled  # includes those granted but not yet submitted
-        k = not_holding - (self.num_slots - len(holding)) + 1
-        if k <= 0:
-            return True  # a slot is free for it
-        if k > len(holding):
+        k = self.running - self.num_slots + 1
+        if not 1 <= k <= len(holding):
             return False
+        prefilled = sum(1 for h in self.requests.values() if h.completion_tokens == 1)
+        # includes those granted admission but not submitted yet
+        in_prefill = self.running - len(holding) - prefilled
         return holding[k - 1] <= (in_prefill + 1 + AHEAD_SLACK_PREFILLS) * per_prefill
 
     def _release_admission(self) -> None:
