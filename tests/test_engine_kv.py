@@ -154,6 +154,9 @@ def test_ceiling_measures_the_step_and_prefill(engine):
 
     decode = measure_decode_ceiling(engine, context_len=20, steps=12, refill_every=5)
     assert decode["step_s"]["p50"] > 0 and decode["tokens_per_s"] > 0
+    # the rate is the loop's own: slots over the mean step, as a served rate counts its slow steps
+    assert decode["tokens_per_s"] == pytest.approx(SLOTS / decode["step_s"]["mean"])
+    assert decode["tokens_per_s_p50"] == pytest.approx(SLOTS / decode["step_s"]["p50"])
     assert not engine._live.any()  # it leaves the engine empty
     prefill = measure_prefill(engine, prompt_len=30, repeats=2)
     assert prefill["prefill_s"]["min"] > 0

@@ -31,8 +31,9 @@ def run_ceiling(
 ) -> dict[str, Any]:
     """Build the engine as a worker would, then measure decode and prefill.
 
-    Returns the settings plus tokens_per_s (slots / median step), step_s and prefill_s
-    (distributions in seconds: p50, p10, p90, min, mean) and build_s.
+    Returns the settings plus tokens_per_s (slots / mean step: the loop's own rate; slots /
+    median step as tokens_per_s_p50), step_s and prefill_s (distributions in seconds: p50, p10,
+    p90, min, mean) and build_s.
     """
     if context >= max_seq_len or prompt_tokens >= max_seq_len:
         raise ValueError(f"context {context} and prompt {prompt_tokens} must fit {max_seq_len}")
@@ -64,6 +65,7 @@ def run_ceiling(
         "max_seq_len": max_seq_len,
         "build_s": build_s,
         "tokens_per_s": decode["tokens_per_s"],
+        "tokens_per_s_p50": decode["tokens_per_s_p50"],
         "step_s": decode["step_s"],
         "prefill_s": prefill["prefill_s"],
         "source": "splitserve.engine.ceiling",

@@ -121,7 +121,7 @@ def model_name(model: str) -> str:
 
 def ceiling_table(ceilings: Sequence[dict[str, Any]]) -> str:
     header = [
-        "model", "engine", "slots", "context", "tokens/s", "step p50 / p90 ms",
+        "model", "engine", "slots", "context", "tokens/s", "step mean / p50 / p90 ms",
         "prefill tokens", "prefill p50 ms",
     ]  # fmt: skip
     rows = []
@@ -129,7 +129,7 @@ def ceiling_table(ceilings: Sequence[dict[str, Any]]) -> str:
         rows.append([
             f"`{model_name(c['model'])}`", c["engine"], str(c["slots"]), str(c["context"]),
             fmt(c.get("tokens_per_s"), digits=0),
-            f"{_ms(c.get('step_s'), 'p50')} / {_ms(c.get('step_s'), 'p90')}",
+            " / ".join(_ms(c.get("step_s"), q) for q in ("mean", "p50", "p90")),
             str(c["prompt_tokens"]), _ms(c.get("prefill_s"), "p50"),
         ])  # fmt: skip
     return table(header, rows)
