@@ -58,9 +58,13 @@ class Receiver:
     def drain(self, limit: int = 1000) -> list[tuple[Any, list[Any]]]:
         """Every message waiting now (up to limit), without blocking."""
         out = []
+        sock = self.socket
         for _ in range(limit):
+            # asking first costs half of what a raised Again does, and most passes find nothing
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                break
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             self.counters.received += 1
