@@ -26,7 +26,6 @@ from collections import deque
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from router.metrics import RouterMetrics
 from router.requests import (
@@ -59,6 +58,7 @@ log = logging.getLogger(__name__)
 
 MAX_SEED = 2**63 - 1
 MONITOR_INTERVAL_S = 0.1
+READ_BATCH = 256  # worker messages handled per pass of the event loop
 # admission ahead with admit_ahead_tokens = "auto": decode steps per prefill until the workers
 # report their timings, and the most it is taken to be
 STEPS_PER_PREFILL_UNMEASURED = 4
@@ -81,7 +81,7 @@ class RouterCore:
         self.eos_ids = sorted(eos_ids)
         self.max_seq_len = config.model.max_seq_len
         # threads mode shares one context (inproc needs it); a process makes its own
-        self.ctx = zmq.asyncio.Context.shadow(ctx) if ctx is not None else zmq.asyncio.Context()
+        self.ctx = ctx if ctx is not None else zmq.Context()
         self.counters = Counters()
         self.workers = WorkerTable(config.detok_count, config.lifecycle.liveness_timeout_s)
         self.ring = HashRing([])
@@ -99,37 +99,36 @@ class RouterCore:
         self._tasks: list[asyncio.Task] = []
         self._pending_aborts: dict[str, int] = {}
         self._sockets: list[zmq.Socket] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ready_event: asyncio.Event | None = None
 
     # ---- start and stop ----
     async def start(self) -> None:
         a = self.config.addresses
         self.receiver = self._socket(zmq.PULL)
+        self.receiver.setsockopt(zmq.RCVHWM, SEND_HWM)
         self.receiver.bind(bind_address(a.router))
         self.prefill = self._connect(a.prefill)
         self.decode = self._connect(a.decode)
         self.detoks = [self._connect(addr) for addr in a.detok]
         self._ready_event = asyncio.Event()
-        self._tasks = [
-            asyncio.create_task(self._read_loop(), name="router-read"),
-            asyncio.create_task(self._monitor_loop(), name="router-monitor"),
-        ]
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.receiver.getsockopt(zmq.FD), self._on_readable)
+        self._loop.call_soon(self._on_readable)  # whatever came before the reader was added
+        self._tasks = [asyncio.create_task(self._monitor_loop(), name="router-monitor")]
 
-    def _socket(self, kind: int) -> zmq.asyncio.Socket:
+    def _socket(self, kind: int) -> zmq.Socket:
+        # Plain sockets: sends never block, and receiving is a reader on the socket's file
+        # descriptor (_on_readable), so no message costs a future, as zmq.asyncio's do.
         s = self.ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, SEND_HWM)
-        s.setsockopt(zmq.RCVHWM, SEND_HWM)
         self._sockets.append(s)
         return s
 
     def _connect(self, endpoint: str) -> zmq.Socket:
-        # sends are non-blocking, so a plain socket serves the event loop without futures
-        s = zmq.Context.shadow(self.ctx.underlying).socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 0)
+        s = self._socket(zmq.PUSH)
         s.setsockopt(zmq.SNDHWM, SEND_HWM)
         s.connect(endpoint)
-        self._sockets.append(s)
         return s
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -153,6 +152,8 @@ class RouterCore:
         self._flush_aborts()
 
     async def close(self) -> None:
+        if self._loop is not None and not self.receiver.closed:
+            self._loop.remove_reader(self.receiver.getsockopt(zmq.FD))
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -392,24 +393,33 @@ class RouterCore:
         return True
 
     # ---- receiving ----
-    async def _read_loop(self) -> None:
-        while True:
-            frames = await self.receiver.recv_multipart(copy=False)
-            batch = [frames]
-            while True:  # drain what else is waiting before yielding to the clients' tasks
-                try:
-                    batch.append(self.receiver.recv_multipart(zmq.NOBLOCK, copy=False).result())
-                except zmq.Again:
-                    break
-            for fr in batch:
-                self.counters.received += 1
-                try:
-                    msg, _ = protocol.decode(fr)
-                except protocol.ProtocolError as exc:
-                    self.counters.malformed += 1
-                    log.warning("router: dropped malformed message: %s", exc)
-                    continue
+    def _on_readable(self) -> None:
+        """Dispatch every message waiting, up to READ_BATCH (then again on the next pass of the
+        event loop, so that the clients' streams get a turn under a flood).
+
+        The descriptor only says that the socket's state may have changed: ZMQ_EVENTS says
+        whether a message waits, and reading until it says none is what re-arms the descriptor.
+        """
+        sock = self.receiver
+        for _ in range(READ_BATCH):
+            if sock.closed or not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.counters.received += 1
+            try:
+                msg, _ = protocol.decode(frames)
+            except protocol.ProtocolError as exc:
+                self.counters.malformed += 1
+                log.warning("router: dropped malformed message: %s", exc)
+                continue
+            try:
                 self._dispatch(msg)
+            except Exception:  # a bug must not stop the router from reading its workers
+                log.exception("router: failed to handle %s", type(msg).__name__)
+        self._loop.call_soon(self._on_readable)
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, TextBatch):
