@@ -12,10 +12,10 @@ Sections (each one stack per mode, started with `splitserve serve` and always st
     outputs, several stop strings each, prompts with multi-byte UTF-8; processes and threads.
  3. fake: the fake engine (no model compute): what the serving pipeline alone sustains.
  4. smollm2: SmolLM2-135M-Instruct (the default model, its GGUF tokenizer): ceiling and sweep.
-Engine ceilings run in a subprocess while no stack is up, so nothing else competes for the CPUs:
-before the first mode's served loads, between the modes and after the last. Each mode's runs are
-judged against the mean of the two ceilings on either side of them, so that the engine's drift
-over minutes on a shared host stays out of the served/ceiling ratio.
+The engine ceiling is measured in a child process that builds the engine once and measures it
+again before the first load and after each one, while the stack is idle between loads. Each load
+is judged against the mean of the two measurements on either side of it, seconds apart, so that
+the engine's drift over minutes on a shared host stays out of the served/ceiling ratio.
 
 CPU layout (on a host with 2 or more CPUs): the decode worker owns the first CPU; the prefill,
 detok and router processes share the others with the load generator (this process), and so do
@@ -27,7 +27,6 @@ roles: its one process may use every CPU (the load generator still keeps to the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -45,6 +44,11 @@ sys.path.insert(0, REPO)
 
 from splitserve import tomlwrite  # noqa: E402
 from splitserve.bench import plots, report  # noqa: E402
+from splitserve.bench.ceiling_process import (  # noqa: E402
+    CeilingProcess,
+    CeilingProcessError,
+    pin_to,
+)
 from splitserve.bench.runner import (  # noqa: E402
     BenchSettings,
     fraction_of_ceiling,
@@ -221,23 +225,17 @@ def quick_version(s: Section) -> Section:
 # -- running -------------------------------------------------------------------------------
 
 
-def run_ceiling(s: Section, work_dir: str, tag: str = "") -> dict[str, Any]:
-    out = os.path.join(work_dir, f"ceiling-{s.key}{tag}.json")
-    cmd = [
-        sys.executable, "-m", "splitserve.bench", "--ceiling", "--model", s.model,
-        "--engine", s.engine, "--slots", str(s.slots), "--context", str(s.context),
-        "--steps", str(s.ceiling_steps), "--prompt-tokens", str(s.prompt_tokens),
-        "--max-seq-len", str(s.max_seq_len), "--out-json", out,
+def start_ceiling_process(s: Section, work_dir: str) -> CeilingProcess:
+    """The engine alone, built once in a child process and measured between the served loads."""
+    args = [
+        "--model", s.model, "--engine", s.engine, "--slots", str(s.slots),
+        "--context", str(s.context), "--steps", str(s.ceiling_steps),
+        "--prompt-tokens", str(s.prompt_tokens), "--max-seq-len", str(s.max_seq_len),
     ]  # fmt: skip
-    log(f"{s.key}: engine ceiling{tag} ({s.slots} slots, context {s.context})")
     layout = cpu_layout() if s.pin_roles else None
     # one CPU, as each served engine has (XLA sizes its thread pool from the affinity mask)
-    pin = (lambda: os.sched_setaffinity(0, layout[0])) if layout else None
-    with open(os.path.join(work_dir, f"ceiling-{s.key}{tag}.log"), "wb") as fh:
-        subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, check=True, timeout=900,
-                       preexec_fn=pin)  # fmt: skip
-    with open(out, encoding="utf-8") as fh:
-        return json.load(fh)
+    with open(os.path.join(work_dir, f"ceiling-{s.key}.log"), "wb") as fh:
+        return CeilingProcess(args, fh, cwd=REPO, preexec_fn=pin_to(layout[0] if layout else None))
 
 
 class StackNotReady(RuntimeError):
@@ -328,18 +326,19 @@ def start_stack(s: Section, mode: str, work_dir: str, started: list[Stack]) -> S
     raise AssertionError("unreachable")
 
 
-def bench_settings(s: Section, url: str) -> BenchSettings:
+def bench_settings(s: Section, url: str, load: int, warmup: bool) -> BenchSettings:
+    """The section's load number `load` alone (the ceiling is measured between loads)."""
     return BenchSettings(
         url=url,
-        concurrencies=s.concurrencies,
-        num_requests=s.num_requests,
+        concurrencies=(s.concurrencies[load],),
+        num_requests=(s.num_requests[load],),
         prompt_tokens=s.prompt_tokens,
         output_tokens=s.output_tokens,
         output_spread=s.output_spread,
         stop=s.stop,
         unicode_prompts=s.unicode_prompts,
         tokenizer=s.tokenizer,
-        warmup_requests=2,
+        warmup_requests=2 if warmup else 0,
         request_timeout_s=300.0,
         progress=False,
     )
@@ -367,55 +366,93 @@ def bracketed(runs: list[dict[str, Any] | None]) -> dict | None:
     return out
 
 
-def measure_ceiling(s: Section, work_dir: str, tag: str, res: SectionResult) -> dict | None:
-    try:
-        ceiling = run_ceiling(s, work_dir, tag)
-        log(f"{s.key}: ceiling{tag} {ceiling.get('tokens_per_s') or 0:,.0f} tokens/s")
-        return ceiling
-    except (subprocess.SubprocessError, OSError, ValueError) as exc:
-        res.errors.append(f"ceiling{tag}: {exc} (log in {work_dir})")
+def measure_ceiling(probe: CeilingProcess | None, s: Section, tag: str,
+                    res: SectionResult) -> dict | None:  # fmt: skip
+    if probe is None:
         return None
+    try:
+        ceiling = probe.measure()
+    except (CeilingProcessError, OSError, ValueError) as exc:
+        res.errors.append(f"ceiling {tag}: {exc} (log in ceiling-{s.key}.log)")
+        return None
+    log(f"{s.key}: ceiling {tag}: {ceiling['tokens_per_s']:,.0f} tokens/s")
+    return ceiling
 
 
 def run_section(s: Section, work_dir: str) -> SectionResult:
+    """Each mode's stack serves the section's loads one after another; the engine ceiling is
+    measured before the first load and after each one, so that every load is judged against the
+    two measurements on either side of it, seconds apart."""
     res = SectionResult(s)
     t0 = time.monotonic()
-    # a ceiling before the first mode, between the modes and after the last: each mode's runs are
-    # judged against the ceilings on either side of them, a minute or two apart
-    ceilings = [measure_ceiling(s, work_dir, "", res) if s.ceiling else None]
     layout = cpu_layout() if s.pin_roles else None
-    for mode in s.modes:
-        started: list[Stack] = []
-        try:
-            stack = start_stack(s, mode, work_dir, started)  # its processes may use every CPU
-            if layout:  # the load generator keeps off the decode worker's CPU
-                os.sched_setaffinity(0, layout[1])
+    probe = None
+    if s.ceiling:
+        log(f"{s.key}: engine ceiling ({s.slots} slots, context {s.context})")
+        probe = start_ceiling_process(s, work_dir)
+    try:
+        before = measure_ceiling(probe, s, "before the loads", res)
+        ceilings = [before]
+        for mode in s.modes:
+            mode_ceilings = [before]
+            started: list[Stack] = []
             try:
-                rep = run_benchmark(bench_settings(s, stack.url))
+                stack = start_stack(s, mode, work_dir, started)  # its processes may use every CPU
+                for i in range(len(s.concurrencies)):
+                    run = run_load(s, stack, i, layout)
+                    run["mode"] = mode
+                    run["name"] = f"{mode}, c={run['concurrency']}"
+                    settings = run.pop("settings")
+                    rep = res.reports.setdefault(mode, {"settings": settings, "runs": []})
+                    rep["runs"].append(run)
+                    after = measure_ceiling(probe, s, f"after {run['name']}", res)
+                    run["ceiling"] = compact(bracketed([before, after]))
+                    before = after
+                    ceilings.append(after)
+                    mode_ceilings.append(after)
+            except Exception as exc:  # one stack failing must not lose the rest of the suite
+                logs = ", ".join(st.log_path for st in started)
+                res.errors.append(f"{mode}: {type(exc).__name__}: {exc} (logs: {logs})")
+                log(traceback.format_exc())
             finally:
-                os.sched_setaffinity(0, ALL_CPUS)
-            for run in rep["runs"]:
-                run["mode"] = mode
-                run["name"] = f"{mode}, c={run['concurrency']}"
-                log(f"{stack.name}: {run['label']}: {run['output_tokens_per_s']:,.0f} tok/s, "
-                    f"{run['requests_failed']} failed")  # fmt: skip
-            res.reports[mode] = rep
-        except Exception as exc:  # one stack failing must not lose the rest of the suite
-            logs = ", ".join(st.log_path for st in started)
-            res.errors.append(f"{mode}: {type(exc).__name__}: {exc} (logs: {logs})")
-            log(traceback.format_exc())
-        finally:
-            for st in started:
-                st.stop()
-        if s.ceiling:
-            ceilings.append(measure_ceiling(s, work_dir, f"-after-{mode}", res))
-            res.mode_ceilings[mode] = bracketed(ceilings[-2:])
+                for st in started:
+                    st.stop()
+            if s.ceiling:
+                res.mode_ceilings[mode] = bracketed(mode_ceilings)
+    finally:
+        if probe is not None:
+            probe.close()
     res.ceiling = bracketed(ceilings)
     for run in all_runs(res):
-        ceiling = res.mode_ceilings.get(run["mode"]) or res.ceiling
+        ceiling = run.get("ceiling") or res.mode_ceilings.get(run["mode"]) or res.ceiling
         run["fraction_of_ceiling"] = fraction_of_ceiling(run, ceiling)
     res.seconds = time.monotonic() - t0
     return res
+
+
+def run_load(s: Section, stack: Stack, load: int, layout) -> dict[str, Any]:
+    """One load against a ready stack, from the CPUs the decode worker does not own."""
+    if layout:
+        os.sched_setaffinity(0, layout[1])
+    try:
+        rep = run_benchmark(bench_settings(s, stack.url, load, warmup=load == 0))
+    finally:
+        os.sched_setaffinity(0, ALL_CPUS)
+    run = rep["runs"][0]
+    # the section's settings, for the record (each call ran one of its loads)
+    run["settings"] = rep["settings"] | {"concurrencies": list(s.concurrencies),
+                                         "num_requests": list(s.num_requests)}  # fmt: skip
+    log(f"{stack.name}: {run['label']}: {run['output_tokens_per_s']:,.0f} tok/s, "
+        f"{run['requests_failed']} failed")  # fmt: skip
+    return run
+
+
+def compact(ceiling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a run keeps of the ceiling it is judged against."""
+    if ceiling is None:
+        return None
+    keep = ("tokens_per_s", "tokens_per_s_p50", "step_s", "prefill_s", "bracket")
+    return {k: ceiling[k] for k in keep if k in ceiling}
 
 
 # -- the document --------------------------------------------------------------------------
@@ -468,11 +505,16 @@ def _throughput_row(tiny: SectionResult | None) -> list[str] | None:
     best = max(served, key=lambda r: r.get("fraction_of_ceiling") or 0, default=None)
     if not best or best.get("fraction_of_ceiling") is None:
         return None
-    ceiling = tiny.mode_ceilings.get("processes") or tiny.ceiling
+    # the ceiling measured just before and just after this load, else the mode's or section's
+    ceiling = best.get("ceiling") or tiny.mode_ceilings.get("processes") or tiny.ceiling
     f = best["fraction_of_ceiling"]
     gap, _ = _server(best, "step_gap")
     fill = (best.get("server") or {}).get("batch_fill")
     parts = []
+    around = [b["tokens_per_s"] for b in ceiling.get("bracket", [])]
+    if best.get("ceiling") and len(around) == 2:
+        parts.append(f"the ceiling just before and after this load {around[0]:,.0f} and "
+                     f"{around[1]:,.0f} tok/s")  # fmt: skip
     if gap and gap.get("mean"):  # means: a rate is tokens over the whole time, outliers included
         parts.append(f"served step gap mean {gap['mean'] * 1e3:.2f} ms vs the ceiling's "
                      f"step mean {ceiling['step_s']['mean'] * 1e3:.2f} ms")  # fmt: skip
@@ -559,14 +601,16 @@ def _detok_modes_line(detok: SectionResult | None) -> str:
         return ""
     measured, better = mode_comparison(p, t)
     step, _ = _server(p, "step_time")
-    drift = ", ".join(f"{b['tokens_per_s']:,.0f}" for b in (detok.ceiling or {}).get("bracket", []))
+    drift = ", ".join(f"{b['tokens_per_s']:,.0f}" for b in
+                      (detok.ceiling or {}).get("bracket", []))  # fmt: skip
     return (f"\nBeside the targets, the detok-heavy load at {c} streams in both modes: "
             f"processes vs threads {measured} (processes better on both: {better}). Both modes "
             + (f"run its {step['p50'] * 1e3:.0f} ms steps " if step and step.get("p50") else
                "run ")
             + "near the engine ceiling, so they differ by little more than the engine's own "
             "drift between the two runs"
-            + (f" (ceiling before, between and after: {drift} tok/s)" if drift else "") + ".\n")
+            + (f" (the ceiling before, between and after them: {drift} tok/s)" if drift else "")
+            + ".\n")
 
 
 def mode_comparison(p: dict[str, Any], t: dict[str, Any]) -> tuple[str, str]:
@@ -585,7 +629,7 @@ def section_doc(res: SectionResult, assets: str, doc_dir: str) -> str:
         f"`{report.model_name(s.model) if s.engine == 'jax' else 'fake engine'}`, "
         f"{s.slots} decode slots, "
         f"max_seq_len {s.max_seq_len}, router max_running {s.max_running}; "
-        f"load: {report.settings_line(asdict(bench_settings(s, '')))}; modes: "
+        f"load: {report.settings_line(asdict(bench_settings(s, '', 0, True)))}; modes: "
         f"{', '.join(s.modes)}; {res.seconds:.0f} s for this section.\n"
     )
     if s.notes:
@@ -593,11 +637,12 @@ def section_doc(res: SectionResult, assets: str, doc_dir: str) -> str:
     for err in res.errors:
         out.append(f"> **Error:** {err}\n")
     if res.ceiling:
-        out += ["Engine ceiling (decode step in a tight loop, every slot live, no serving; the "
-                "mean of runs before, between and after the modes' served loads, and each mode's "
-                "**of ceiling** is against the two runs on either side of it: "
+        out += ["Engine ceiling (decode step in a tight loop, every slot live, no serving), "
+                "measured before the first load and after each one: each load's **of ceiling** "
+                "is against the two measurements on either side of it, seconds apart; the table "
+                "shows their mean. In turn: "
                 + ", ".join(f"{b['tokens_per_s']:,.0f}" for b in res.ceiling.get("bracket", []))
-                + " tok/s in turn):\n",
+                + " tok/s.\n",
                 report.ceiling_table([res.ceiling])]  # fmt: skip
     runs = all_runs(res)
     if runs:

@@ -9,6 +9,8 @@ import json
 import math
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -314,3 +316,16 @@ def test_ceiling_with_the_fake_engine(tmp_path):
     c = json.loads(out.read_text())
     assert c["slots"] == 4 and c["tokens_per_s"] > 0
     assert 0 < c["step_s"]["p50"] and c["prefill_s"]["p50"] > 0
+
+
+def test_ceiling_probe_measures_once_per_line_until_stdin_ends():
+    cmd = [sys.executable, "-m", "splitserve.bench", "--ceiling", "--probe", "--engine", "fake",
+           "--slots", "4", "--context", "40", "--steps", "10", "--prompt-tokens", "16",
+           "--max-seq-len", "128", "--vocab-size", "512"]  # fmt: skip
+    proc = subprocess.run(cmd, input="measure\nmeasure\n", capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2
+    first, second = (json.loads(line) for line in lines)
+    assert first["slots"] == second["slots"] == 4
+    assert 0 < first["tokens_per_s"] and first["measured_at"] <= second["measured_at"]

@@ -61,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="splitserve benchmark")
     g = p.add_argument_group("--ceiling: the engine alone")
     g.add_argument("--ceiling", action="store_true")
+    g.add_argument("--probe", action="store_true",
+                   help="build once, then measure again for each line read from stdin, one JSON "
+                        "line each (a suite measures the ceiling between its loads this way)")
     g.add_argument("--engine", choices=["jax", "fake"], default="jax")
     g.add_argument("--slots", type=int, default=16)
     g.add_argument("--context", type=int, default=160, help="attended length per slot")
@@ -73,9 +76,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def ceiling_main(args: argparse.Namespace) -> int:
-    from splitserve.bench.ceiling import run_ceiling
+    from splitserve.bench.ceiling import CeilingProbe
 
-    result = run_ceiling(
+    probe = CeilingProbe(
         model=args.model or "default",
         slots=args.slots,
         context=args.context,
@@ -86,6 +89,10 @@ def ceiling_main(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
         compile_cache_dir=args.compile_cache,
     )
+    if args.probe:
+        probe.serve(sys.stdin, sys.stdout)
+        return 0
+    result = probe.measure()
     print(report.ceiling_table([result]))
     if args.out_json:
         report.write_json(result, args.out_json)
