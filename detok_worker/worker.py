@@ -59,6 +59,7 @@ class DetokWorker(WorkerLoop):
         self.batches_in = 0
         self.batches_out = 0
         self.broken_streams = 0
+        self.opened: list[str] = []  # streams opened in this pass, logged once its text is out
 
     def own_address(self) -> str:
         return self.config.addresses.detok[self.index]
@@ -104,7 +105,7 @@ class DetokWorker(WorkerLoop):
                 continue
             stream = Stream.open(rid, opened.detok, opened.logprobs, self.table)
             self.streams[rid] = stream
-            log.info("%s stream opened", rid)
+            self.opened.append(rid)
             _, early = self.early.pop(rid, (0.0, []))
             for entry in early:
                 self.add(stream, *entry)
@@ -148,6 +149,9 @@ class DetokWorker(WorkerLoop):
             self.batches_out += 1
         if stopped:
             self.decode.send(Finish(stopped))
+        for rid in self.opened:  # logged after the sends: a first token is what a client awaits
+            log.info("%s stream opened", rid)
+        self.opened.clear()
 
     def forget(self, rid: str) -> None:
         self.streams.pop(rid, None)
