@@ -572,7 +572,10 @@ def _ttft_row(tiny: SectionResult | None) -> list[str] | None:
     """TTFT at concurrency 1 against the bare prefill, split into the pipeline's share and
     the served prefill's."""
     run1 = find_run(tiny, "processes", 1)
-    ceiling = (tiny.mode_ceilings.get("processes") or tiny.ceiling) if tiny else None
+    # the engine measured just before and after this load, as the throughput row does
+    ceiling = (run1 or {}).get("ceiling")
+    if not ceiling and tiny:
+        ceiling = tiny.mode_ceilings.get("processes") or tiny.ceiling
     bare = (ceiling or {}).get("prefill_s") or {}
     if not run1 or not bare.get("p50"):
         return None

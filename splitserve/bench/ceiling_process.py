@@ -44,8 +44,11 @@ class CeilingProcess:
         if proc.poll() is not None:
             raise CeilingProcessError(f"the ceiling process exited with status {proc.returncode}")
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("measure\n")
-        proc.stdin.flush()
+        try:
+            proc.stdin.write("measure\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            raise CeilingProcessError(f"the ceiling process ended (status {proc.wait()})") from None
         deadline = time.monotonic() + timeout_s
         while True:  # a library that prints to stdout must not pass for a measurement
             left = max(0.0, deadline - time.monotonic())
