@@ -38,7 +38,7 @@ from router.requests import (
 )
 from router.workers import WorkerState, WorkerTable
 from splitserve import protocol
-from splitserve.config import ClusterConfig, bind_address
+from splitserve.config import ClusterConfig
 from splitserve.engine.interface import SamplingParams
 from splitserve.hashring import HashRing
 from splitserve.protocol import (
@@ -52,7 +52,7 @@ from splitserve.protocol import (
     TextBatch,
 )
 from splitserve.tombstones import Tombstones
-from splitserve.transport import SEND_HWM, Counters
+from splitserve.transport import SEND_HWM, Counters, Receiver
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +105,13 @@ class RouterCore:
     # ---- start and stop ----
     async def start(self) -> None:
         a = self.config.addresses
-        self.receiver = self._socket(zmq.PULL)
-        self.receiver.setsockopt(zmq.RCVHWM, SEND_HWM)
-        self.receiver.bind(bind_address(a.router))
+        self.receiver = Receiver(self.ctx, a.router, self.counters)
         self.prefill = self._connect(a.prefill)
         self.decode = self._connect(a.decode)
         self.detoks = [self._connect(addr) for addr in a.detok]
         self._ready_event = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.receiver.getsockopt(zmq.FD), self._on_readable)
+        self._loop.add_reader(self.receiver.socket.getsockopt(zmq.FD), self._on_readable)
         self._loop.call_soon(self._on_readable)  # whatever came before the reader was added
         self._tasks = [asyncio.create_task(self._monitor_loop(), name="router-monitor")]
 
@@ -152,8 +150,11 @@ class RouterCore:
         self._flush_aborts()
 
     async def close(self) -> None:
-        if self._loop is not None and not self.receiver.closed:
-            self._loop.remove_reader(self.receiver.getsockopt(zmq.FD))
+        receiver = getattr(self, "receiver", None)  # absent when start() never ran
+        if receiver is not None and not receiver.socket.closed:
+            if self._loop is not None:
+                self._loop.remove_reader(receiver.socket.getsockopt(zmq.FD))
+            receiver.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -394,32 +395,19 @@ class RouterCore:
 
     # ---- receiving ----
     def _on_readable(self) -> None:
-        """Dispatch every message waiting, up to READ_BATCH (then again on the next pass of the
-        event loop, so that the clients' streams get a turn under a flood).
+        """Dispatch the messages waiting, up to READ_BATCH, then again on the next pass of the
+        event loop while more wait, so that the clients' streams get a turn under a flood.
 
-        The descriptor only says that the socket's state may have changed: ZMQ_EVENTS says
-        whether a message waits, and reading until it says none is what re-arms the descriptor.
+        The descriptor only says that the socket's state may have changed; reading until no
+        message waits (Receiver.pending) is what re-arms it.
         """
-        sock = self.receiver
-        for _ in range(READ_BATCH):
-            if sock.closed or not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                return
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self.counters.received += 1
-            try:
-                msg, _ = protocol.decode(frames)
-            except protocol.ProtocolError as exc:
-                self.counters.malformed += 1
-                log.warning("router: dropped malformed message: %s", exc)
-                continue
+        for msg, _ in self.receiver.drain(READ_BATCH):
             try:
                 self._dispatch(msg)
             except Exception:  # a bug must not stop the router from reading its workers
                 log.exception("router: failed to handle %s", type(msg).__name__)
-        self._loop.call_soon(self._on_readable)
+        if self.receiver.pending():
+            self._loop.call_soon(self._on_readable)
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, TextBatch):

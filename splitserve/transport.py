@@ -55,16 +55,20 @@ class Receiver:
     def poll(self, timeout_ms: int) -> bool:
         return bool(self.socket.poll(timeout_ms, zmq.POLLIN))
 
+    def pending(self) -> bool:
+        """A message waits now. Reading until this says no is also what re-arms the socket's
+        file descriptor (ZMQ_FD) for an event loop's reader."""
+        return not self.socket.closed and bool(self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
     def drain(self, limit: int = 1000) -> list[tuple[Any, list[Any]]]:
         """Every message waiting now (up to limit), without blocking."""
         out = []
-        sock = self.socket
         for _ in range(limit):
             # asking first costs half of what a raised Again does, and most passes find nothing
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not self.pending():
                 break
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             self.counters.received += 1
