@@ -110,23 +110,20 @@ class RouterCore:
         self.decode = self._connect(a.decode)
         self.detoks = [self._connect(addr) for addr in a.detok]
         self._ready_event = asyncio.Event()
+        # receiving is a reader on the socket's descriptor: no future per message, as
+        # zmq.asyncio's recv would cost
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.receiver.socket.getsockopt(zmq.FD), self._on_readable)
         self._loop.call_soon(self._on_readable)  # whatever came before the reader was added
         self._tasks = [asyncio.create_task(self._monitor_loop(), name="router-monitor")]
 
-    def _socket(self, kind: int) -> zmq.Socket:
-        # Plain sockets: sends never block, and receiving is a reader on the socket's file
-        # descriptor (_on_readable), so no message costs a future, as zmq.asyncio's do.
-        s = self.ctx.socket(kind)
-        s.setsockopt(zmq.LINGER, 0)
-        self._sockets.append(s)
-        return s
-
     def _connect(self, endpoint: str) -> zmq.Socket:
-        s = self._socket(zmq.PUSH)
+        # a plain socket: sends never block, so the event loop needs no futures for them
+        s = self.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, SEND_HWM)
         s.connect(endpoint)
+        self._sockets.append(s)
         return s
 
     async def wait_ready(self, timeout_s: float) -> None:

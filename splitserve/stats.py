@@ -28,9 +28,6 @@ class Histogram:
         self.count += 1
         self.recent.append(value)
 
-    def quantile(self, q: float) -> float:
-        return self.quantiles((q,))[0]
-
     def quantiles(self, qs: tuple[float, ...]) -> list[float]:
         """Exact quantiles of the recent window (the sample at index int(q * n) of the sorted
         window). A partial sort in numpy: the decode loop takes a snapshot between two steps

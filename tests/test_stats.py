@@ -14,7 +14,7 @@ def test_snapshot_quantiles_are_the_sorted_window_samples():
     window = sorted(values[-2048:])
     snap = h.snapshot()
     assert (snap["p50"], snap["p90"], snap["p99"]) == (window[1024], window[1843], window[2027])
-    assert h.quantile(0.5) == window[1024]
+    assert h.quantiles((0.5, 0.0)) == [window[1024], window[0]]
     assert snap["count"] == 5000 and sum(snap["counts"]) == 5000
     assert len(snap["counts"]) == len(BUCKETS) + 1
 
