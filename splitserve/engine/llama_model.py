@@ -141,6 +141,20 @@ def _matmul(x, w):
     return jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
 
 
+def _scores(qg, ck):
+    """q.K for every cached position: qg [S, KV, G, D], ck [S, KV, D, C] -> [S, KV, G, C].
+
+    Written as D multiply-adds of [S, KV, G, C] planes, which XLA fuses into one loop over the
+    output that reads each key row along C. The same sum as a reduction over D (or as a batched
+    matmul of this skinny shape) compiles to a loop that walks down D, 1.4-1.7x slower on CPU:
+    at 128 slots and 768 positions the decode step is 10-16% faster this way.
+    """
+    scores = qg[:, :, :, 0, None] * ck[:, :, None, 0, :].astype(jnp.float32)
+    for d in range(1, qg.shape[3]):
+        scores = scores + qg[:, :, :, d, None] * ck[:, :, None, d, :].astype(jnp.float32)
+    return scores
+
+
 def _logits(cfg: LlamaConfig, params: dict, x):
     """x: [..., hidden] residual stream -> [..., vocab] float32 logits."""
     h = rms_norm(x, params["final_norm"], cfg.rms_eps)
@@ -220,12 +234,10 @@ def decode(cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens,
         new_k.append(ck)
         new_v.append(cv)
         qg = (q * scale).reshape(n, cfg.kv_heads, cfg.group, cfg.head_dim)  # [S, KV, G, D]
-        # q.K as multiply-and-reduce over D: XLA fuses it into one pass over the cache,
-        # where a batched matmul of this skinny shape is slower on CPU.
-        scores = jnp.sum(qg[..., None] * ck[:, :, None].astype(jnp.float32), axis=3)  # [S,KV,G,C]
+        scores = _scores(qg, ck)  # [S, KV, G, C]
         scores = jnp.where(visible, scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1)
-        # p.V as multiply-and-reduce over C too, one pass over the cache (a batched matmul of
+        # p.V as multiply-and-reduce over C, one pass over the cache (a batched matmul of
         # this shape is up to 30% slower on CPU). The barrier keeps XLA from fusing it into the
         # wo matmul, which turns both into one reduction far slower than the matmul.
         probs = jax.lax.optimization_barrier(probs)
