@@ -183,7 +183,8 @@ def prefill_hidden(cfg: LlamaConfig, params: dict, tokens):
         ks.append(k)
         vs.append(v)
         # Heads first, so that both products are plain batched matmuls over the KV heads:
-        # 1.3 ms (128 tokens) to 4.6 ms (256) faster on CPU than einsums over [T, KV, G, D].
+        # the prefill is 7% faster on CPU at 64 and 128 tokens, 15% at 256, than with einsums
+        # over [T, KV, G, D].
         qh = q.reshape(t, cfg.kv_heads, cfg.group, cfg.head_dim).transpose(1, 2, 0, 3)
         qh = qh.reshape(cfg.kv_heads, cfg.group * t, cfg.head_dim)  # [KV, G*T, D]
         scores = jnp.matmul(qh, k.transpose(1, 2, 0)) * scale  # [KV, G*T, T]
@@ -213,7 +214,7 @@ def decode(cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens,
     """One token for every slot.
 
     cache_k: per layer [slots, kv_heads, head_dim, capacity] (keys stored transposed, so
-             q.K is a plain [G, D] @ [D, capacity] product per slot and KV head);
+             q.K reads each key row along the capacity: see _scores);
     cache_v: per layer [slots, kv_heads, capacity, head_dim].
     Attention covers the whole capacity, which the engine keeps at the smallest bucket
     that holds the longest live sequence: a step costs what the sequences need, and XLA
