@@ -45,3 +45,23 @@ def test_targets_without_their_sections_say_so():
     suite = _suite()
     assert "No target applies" in suite.targets({})
     assert "No target applies" in suite.targets({"fake": _section(suite, "fake")})
+
+
+def _with_fractions(suite, fractions: dict[int, float]):
+    """The committed tiny record, its processes loads given these fractions of the ceiling."""
+    tiny = _section(suite, "tiny")
+    for run in tiny.reports["processes"]["runs"]:
+        run["fraction_of_ceiling"] = fractions[run["concurrency"]]
+    return tiny
+
+
+def test_throughput_target_is_the_mean_of_the_saturated_loads_not_the_best():
+    suite = _suite()
+    # c=16 equals the slot count: waves wait on their prefills there, so it is not saturation
+    below = _with_fractions(suite, {1: 0.06, 16: 0.99, 64: 0.85, 128: 0.93})
+    row = suite._throughput_row(below)
+    assert row[1].startswith("89.0%, the mean over the loads above 16 streams"), row[1]
+    assert "c=64 85.0%" in row[1] and "c=128 93.0%" in row[1] and "c=16 " not in row[1]
+    assert row[2] == "no"
+    above = _with_fractions(suite, {1: 0.06, 16: 0.5, 64: 0.88, 128: 0.93})
+    assert suite._throughput_row(above)[2] == "yes"
