@@ -527,11 +527,14 @@ def _saturated_load(tiny: SectionResult, run: dict[str, Any]) -> str:
     around = [b["tokens_per_s"] for b in ceiling.get("bracket", [])]
     if run.get("ceiling") and len(around) == 2:
         parts.append(f"ceiling before / after {around[0]:,.0f} / {around[1]:,.0f}")
-    gap, _ = _server(run, "step_gap")
-    if gap and gap.get("mean"):  # means: a rate is tokens over the whole time, outliers included
+    server = run.get("server") or {}
+    # the whole run's mean (the recent window has quantiles only): a rate is tokens over the
+    # whole time, its slow steps included, as the ceiling's mean step is
+    gap = server.get("step_gap") or {}
+    if gap.get("mean") and ceiling.get("step_s", {}).get("mean"):
         parts.append(f"step gap mean {gap['mean'] * 1e3:.2f} vs the ceiling's step mean "
                      f"{ceiling['step_s']['mean'] * 1e3:.2f} ms")  # fmt: skip
-    fill = (run.get("server") or {}).get("batch_fill")
+    fill = server.get("batch_fill")
     if fill:
         parts.append(f"batch fill {fill:.0%} over the whole run")
     if ceiling.get("tokens_per_s_p50"):  # shown beside: the stricter reading of "the ceiling"

@@ -62,6 +62,8 @@ def test_throughput_target_is_the_mean_of_the_saturated_loads_not_the_best():
     row = suite._throughput_row(below)
     assert row[1].startswith("89.0%, the mean over the loads above 16 streams"), row[1]
     assert "c=64 85.0%" in row[1] and "c=128 93.0%" in row[1] and "c=16 " not in row[1]
+    # each load shows the terms of served = batch fill x slots / step gap
+    assert row[1].count("step gap mean") == 2 and row[1].count("batch fill") == 2
     assert row[2] == "no"
     above = _with_fractions(suite, {1: 0.06, 16: 0.5, 64: 0.88, 128: 0.93})
     assert suite._throughput_row(above)[2] == "yes"
