@@ -99,6 +99,7 @@ class RouterCore:
         self._tasks: list[asyncio.Task] = []
         self._pending_aborts: dict[str, int] = {}
         self._sockets: list[zmq.Socket] = []
+        self.receiver: Receiver | None = None  # bound by start()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready_event: asyncio.Event | None = None
 
@@ -147,7 +148,7 @@ class RouterCore:
         self._flush_aborts()
 
     async def close(self) -> None:
-        receiver = getattr(self, "receiver", None)  # absent when start() never ran
+        receiver = self.receiver
         if receiver is not None and not receiver.socket.closed:
             if self._loop is not None:
                 self._loop.remove_reader(receiver.socket.getsockopt(zmq.FD))
