@@ -103,7 +103,8 @@ class RequestHandle:
         needs no task of its own per handle, one event-loop hop less per token."""
         while not self._queue.empty():  # whatever arrived before
             sink(self._queue.get_nowait())
-        self._sink = sink
+        if self.result is None:  # else it has had the end (None) already: no need to keep it
+            self._sink = sink
 
     def __aiter__(self):
         return self._iterate()
@@ -144,7 +145,10 @@ class RequestHandle:
         self.result = Result(
             self.request_id, finish_reason, self.prompt_tokens, self.completion_tokens, error
         )
-        if self._sink is not None:
-            self._sink(None)
+        # The sink is done with: dropping it leaves no cycle (handle -> sink -> its consumer ->
+        # handle) for the garbage collector, whose full passes stall every stream.
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink(None)
         else:
             self._queue.put_nowait(None)

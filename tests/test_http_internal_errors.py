@@ -4,8 +4,11 @@ event followed by [DONE]."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import time
+import weakref
 
 import pytest
 from fastapi.testclient import TestClient
@@ -74,3 +77,33 @@ def test_internal_error_after_streaming_began_is_an_error_event(client_for):
     assert first["choices"][0]["text"] == "fine so far"
     assert set(error["error"]) == {"message", "type", "param", "code"}
     assert "Traceback" not in error["error"]["message"]
+
+
+def test_a_finished_stream_leaves_no_cycle_for_the_collector(client_for):
+    """Everything a served request used is freed as soon as it ends, by reference counting: a
+    reference cycle would wait for a full garbage collection, and those stalled every stream for
+    hundreds of milliseconds under load (one per request adds up to 100k objects in a minute)."""
+    handles = []
+
+    def answer(handle):
+        handles.append(weakref.ref(handle))
+        handle.push(Delta("hello", [1], []))
+        if len(handles) % 2:  # ends before the HTTP layer takes its deltas, or after
+            handle.end("stop")
+        else:
+            asyncio.get_running_loop().call_soon(handle.end, "stop")
+
+    gc.collect()
+    gc.disable()
+    try:
+        with client_for(answer) as c:
+            for stream in (True, True, False, False):
+                body = {"prompt": "x", "stream": stream}
+                with c.stream("POST", "/v1/completions", json=body) as r:
+                    assert r.status_code == 200
+                    r.read()
+            alive = [ref() for ref in handles if ref() is not None]
+    finally:
+        gc.enable()
+    assert len(handles) == 4
+    assert not alive, f"{len(alive)} of 4 requests still held after they ended"

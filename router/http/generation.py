@@ -166,8 +166,12 @@ class Generation:
     def close(self) -> None:
         """Abort what still runs and forget the request; safe to call twice."""
         self.abort()
-        if self._watch is not None and self._watch is not asyncio.current_task():
-            self._watch.cancel()
+        watch, self._watch = self._watch, None
+        if watch is not None and watch is not asyncio.current_task():
+            # without the reference, the cancelled task's error (whose traceback holds the
+            # watcher's frame, and so this object) forms no cycle the garbage collector must
+            # find: its full passes stall every stream
+            watch.cancel()
         self._forget()
 
     def _forget(self) -> None:
