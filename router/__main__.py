@@ -35,7 +35,7 @@ from router.core import RouterCore
 from router.http import build_app
 from splitserve.config import ClusterConfig, load_config
 from splitserve.launcher import ThreadStack
-from splitserve.procutil import die_with_parent, pin_cpus
+from splitserve.procutil import die_with_parent, freeze_startup_objects, pin_cpus
 from splitserve.role_main import configure_logging
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
@@ -105,6 +105,7 @@ async def serve(config: ClusterConfig, tokenizer: Tokenizer) -> None:
             core,
             config.lifecycle.drain_timeout_s,
         )
+        freeze_startup_objects()
         await server.serve()
         if not server.started:
             raise RuntimeError(f"could not serve HTTP on {r.host}:{r.port}")

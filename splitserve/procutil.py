@@ -4,6 +4,7 @@ parent such as a JAX process and running Python before exec can deadlock)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -55,3 +56,16 @@ def place_io_threads(ctx, environ: dict[str, str]) -> None:
 
     for cpu in sorted(parse_cpus(environ.get(IO_CPUS_ENV, ""))):
         ctx.set(zmq.THREAD_AFFINITY_CPU_ADD, cpu)
+
+
+def freeze_startup_objects() -> None:
+    """Leave the objects made at start-up (imported modules, tokenizer tables, the engine's
+    wrappers) out of every later garbage collection: they live as long as the process.
+
+    A full collection walks every tracked object. With these inside, one took 55-95 ms in the
+    router (72k of them) and 70-100 ms in a decode worker (127k), measured with gc.callbacks on
+    the 2-core host, and a router's pause stalls every stream. Call it once the process is set
+    up, before its loop serves.
+    """
+    gc.collect()
+    gc.freeze()

@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from splitserve.config import ClusterConfig
+from splitserve.procutil import freeze_startup_objects
 from splitserve.protocol import PROTOCOL_VERSION, Heartbeat, Ready
 from splitserve.transport import Counters, Receiver, Sender
 
@@ -61,6 +62,8 @@ class WorkerLoop:
     # ---- shared ----
     def run(self) -> None:
         info = self.warmup()
+        if threading.current_thread() is threading.main_thread():  # this process is the role's
+            freeze_startup_objects()
         self.router.send(Ready(self.role, self.index, PROTOCOL_VERSION, self.pid, info))
         log.info("%s[%d] ready (pid %d)", self.role, self.index, self.pid)
         self.take_snapshot()
