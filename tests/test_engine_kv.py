@@ -160,6 +160,10 @@ def test_ceiling_measures_the_step_and_prefill(engine):
     assert not engine._live.any()  # it leaves the engine empty
     prefill = measure_prefill(engine, prompt_len=30, repeats=2)
     assert prefill["prefill_s"]["min"] > 0
+    assert "prefill_after_idle_s" not in prefill  # only when asked: it sleeps
+    spaced = measure_prefill(engine, prompt_len=30, repeats=3, idle_s=0.001)
+    assert spaced["idle_s"] == 0.001
+    assert spaced["prefill_after_idle_s"]["min"] > 0 and spaced["prefill_s"]["min"] > 0
 
 
 def test_cache_grows_at_once_and_shrinks_only_after_a_while():
