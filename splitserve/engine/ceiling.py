@@ -104,9 +104,9 @@ def measure_prefill(
     With idle_s > 0, as many more prefills follow, each after idle_s of sleep
     (prefill_after_idle_s): the way a request meets a prefill worker at concurrency 1, where
     the previous one ended a whole decode earlier. On the shared 2-core host such a prefill
-    ran 1-3 ms slower, with no serving involved; the engine regains its back-to-back speed only
-    over several prefills in a row (so the two kinds are not interleaved: that would time
-    neither).
+    ran 0.5-4 ms slower (from run to run), with no serving involved; the engine regains its
+    back-to-back speed only over several prefills in a row, so the two kinds are not
+    interleaved: that would time neither.
     """
     engine.prefill(_prompt(prompt_len, engine.vocab_size, 1), SamplingParams())
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--prompt", type=int, default=128, help="prefill prompt length")
     ap.add_argument("--prefill-idle-ms", type=float, default=0.0,
-                    help="also time each prefill after this much idle time (alternating)")
+                    help="also time as many prefills again, each after this much idle time")
     ap.add_argument("--temperature", type=float, default=0.0, help=">0: the sampling path")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
