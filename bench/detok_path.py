@@ -49,20 +49,20 @@ async def measure(args) -> dict:
         decode = core.workers.get("decode", 0).load
         detoks = [w.load for w in core.workers.workers.values() if w.role == "detok"]
     tokens = sum(r.completion_tokens for _, r in results)
-    detok_s = sum(d["pass_time"]["sum"] for d in detoks)
-    detok_tokens = sum(d["tokens"] for d in detoks)
+    detok_s = sum(d.pass_time.sum for d in detoks)
+    detok_tokens = sum(d.tokens for d in detoks)
     return {
         "mode": args.mode,
         "requests": args.requests,
         "completion_tokens": tokens,
         "wall_s": round(wall, 3),
-        "decode_steps": decode["steps"],
-        "token_batches_from_decode": decode["batches_sent"],
-        "messages_per_decode_step": round(decode["batches_sent"] / max(1, decode["steps"]), 3),
-        "tokens_per_message": round(decode["tokens_sent"] / max(1, decode["batches_sent"]), 2),
+        "decode_steps": decode.steps,
+        "token_batches_from_decode": decode.batches_sent,
+        "messages_per_decode_step": round(decode.batches_sent / max(1, decode.steps), 3),
+        "tokens_per_message": round(decode.tokens_sent / max(1, decode.batches_sent), 2),
         "detok_workers": args.detok_workers,
         "detok_us_per_token": round(1e6 * detok_s / max(1, detok_tokens), 2),
-        "text_batches_to_router": sum(d["batches_out"] for d in detoks),
+        "text_batches_to_router": sum(d.batches_out for d in detoks),
     }
 
 

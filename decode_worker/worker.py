@@ -30,7 +30,16 @@ from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.engine import build_engine
 from splitserve.engine.interface import Prefix
-from splitserve.protocol import FINISH_NONE, PrefixHeader, RequestFailed, StopCriteria, TokenBatch
+from splitserve.protocol import (
+    DecodeLoad,
+    PrefixHeader,
+    RequestFailed,
+    Source,
+    StopCriteria,
+    TokenBatch,
+    TokenFinish,
+    WorkerInfo,
+)
 from splitserve.stats import Histogram
 from splitserve.stopping import token_finish
 from splitserve.tokenizer_path import engine_vocab_size
@@ -86,9 +95,9 @@ class DecodeWorker(WorkerLoop):
     def own_address(self) -> str:
         return self.config.addresses.decode
 
-    def warmup(self) -> dict[str, Any]:
+    def warmup(self) -> WorkerInfo:
         self.engine.warmup(prefill=False)  # only this role's side of the engine
-        return {"num_slots": self.engine.num_slots, "max_seq_len": self.engine.max_seq_len}
+        return WorkerInfo(max_seq_len=self.engine.max_seq_len, num_slots=self.engine.num_slots)
 
     # ---- messages ----
     def loop_once(self) -> None:
@@ -190,14 +199,14 @@ class DecodeWorker(WorkerLoop):
             batch = batches.get(state.detok_index)
             if batch is None:
                 batch = batches[state.detok_index] = TokenBatch(
-                    protocol.SOURCE_DECODE, self.steps, [], [], [], [], []
+                    Source.DECODE, self.steps, [], [], [], [], []
                 )
             batch.request_ids.append(state.request_id)
             batch.seqs.append(seq)
             batch.tokens.append(token)
             batch.logprobs.append(logprobs[slot])
             batch.finishes.append(finish)
-            if finish != FINISH_NONE:
+            if finish != TokenFinish.NONE:
                 log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
                 del self.slot_of[state.request_id]
                 self.slots[slot] = None
@@ -209,20 +218,20 @@ class DecodeWorker(WorkerLoop):
         self.step_time.observe(time.perf_counter() - start)
 
     # ---- lifecycle ----
-    def load(self) -> dict[str, Any]:
-        return {
-            "free_slots": len(self.slots) - len(self.slot_of),
-            "num_slots": len(self.slots),
-            "live": len(self.slot_of),
-            "pending": len(self.pending),
-            "steps": self.steps,
-            "batches_sent": self.batches_sent,
-            "tokens_sent": self.tokens_sent,
-            "step_time": self.step_time.snapshot(),
-            "step_gap": self.step_gap.snapshot(),
-            "tombstones": len(self.gone),
-            "failed_inserts": self.failed_inserts,
-        }
+    def load(self) -> DecodeLoad:
+        return DecodeLoad(
+            num_slots=len(self.slots),
+            free_slots=len(self.slots) - len(self.slot_of),
+            live=len(self.slot_of),
+            pending=len(self.pending),
+            steps=self.steps,
+            batches_sent=self.batches_sent,
+            tokens_sent=self.tokens_sent,
+            tombstones=len(self.gone),
+            failed_inserts=self.failed_inserts,
+            step_time=self.step_time.snapshot(),
+            step_gap=self.step_gap.snapshot(),
+        )
 
     def idle(self) -> bool:
         return not self.slot_of and not self.pending

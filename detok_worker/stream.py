@@ -6,13 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from splitserve.detokenize import IncrementalDetokenizer, StopStringMatcher
-from splitserve.protocol import (
-    FINISH_LENGTH,
-    FINISH_NONE,
-    FINISH_STOP_TOKEN,
-    DetokParams,
-    TextDelta,
-)
+from splitserve.protocol import DetokParams, FinishReason, TextDelta, TokenFinish
 from splitserve.tokenizers.base import TokenTable
 
 MAX_OUT_OF_ORDER = 100_000  # a stream further ahead than this of its next token is broken
@@ -28,7 +22,7 @@ class Stream:
     next_seq: int = 0
     emitted_tokens: int = 0
     waiting: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # seq -> token...
-    finish_reason: str = ""
+    finish_reason: FinishReason = FinishReason.NONE
     stopped_by_string: bool = False  # the decode worker must then be told to free the slot
 
     @classmethod
@@ -74,20 +68,20 @@ class Stream:
 
     def _text_of(self, token: int, finish: int) -> str:
         # the text a finishing eos / stop token id would add is not part of the output
-        text = self.detokenizer.push(token) if finish != FINISH_STOP_TOKEN else ""
-        if finish != FINISH_NONE:
+        text = self.detokenizer.push(token) if finish != TokenFinish.STOP_TOKEN else ""
+        if finish != TokenFinish.NONE:
             text += self.detokenizer.flush()
         if self.matcher is not None and self.emitted_tokens >= self.params.min_tokens:
             text, stopped = self.matcher.push(text)
             if stopped:
-                self.finish_reason = "stop"
+                self.finish_reason = FinishReason.STOP
                 # a finishing token already freed its slot at the decode worker
-                self.stopped_by_string = finish == FINISH_NONE
+                self.stopped_by_string = finish == TokenFinish.NONE
                 return text
-            if finish != FINISH_NONE:
+            if finish != TokenFinish.NONE:
                 text += self.matcher.flush()
-        if finish == FINISH_STOP_TOKEN:
-            self.finish_reason = "stop"
-        elif finish == FINISH_LENGTH:
-            self.finish_reason = "length"
+        if finish == TokenFinish.STOP_TOKEN:
+            self.finish_reason = FinishReason.STOP
+        elif finish == TokenFinish.LENGTH:
+            self.finish_reason = FinishReason.LENGTH
         return text

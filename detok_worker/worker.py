@@ -25,7 +25,15 @@ import zmq
 
 from detok_worker.stream import Stream
 from splitserve.config import ClusterConfig
-from splitserve.protocol import Abort, Finish, TextBatch, TextDelta, TokenBatch
+from splitserve.protocol import (
+    Abort,
+    DetokLoad,
+    Finish,
+    TextBatch,
+    TextDelta,
+    TokenBatch,
+    WorkerInfo,
+)
 from splitserve.stats import Histogram
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import load_tokenizer
@@ -64,8 +72,8 @@ class DetokWorker(WorkerLoop):
     def own_address(self) -> str:
         return self.config.addresses.detok[self.index]
 
-    def warmup(self) -> dict[str, Any]:
-        return {"vocab_size": len(self.table.pieces)}
+    def warmup(self) -> WorkerInfo:
+        return WorkerInfo(vocab_size=len(self.table.pieces))
 
     def loop_once(self) -> None:
         self.receiver.poll(self.poll_timeout_ms())
@@ -139,7 +147,7 @@ class DetokWorker(WorkerLoop):
             deltas.append(delta)
             self.tokens_done += len(delta.token_ids)
             if delta.finish_reason:
-                log.info("%s stream ended: %s after %d tokens", rid, delta.finish_reason,
+                log.info("%s stream ended: %s after %d tokens", rid, delta.finish_reason.api,
                          stream.emitted_tokens)  # fmt: skip
                 if stream.stopped_by_string:
                     stopped.append(rid)
@@ -165,17 +173,17 @@ class DetokWorker(WorkerLoop):
             for rid in [r for r, (t, _) in self.early.items() if t < horizon]:
                 del self.early[rid]
 
-    def load(self) -> dict[str, Any]:
-        return {
-            "streams": len(self.streams),
-            "early": len(self.early),
-            "tombstones": len(self.gone),
-            "tokens": self.tokens_done,
-            "batches_in": self.batches_in,
-            "batches_out": self.batches_out,
-            "broken_streams": self.broken_streams,
-            "pass_time": self.pass_time.snapshot(),
-        }
+    def load(self) -> DetokLoad:
+        return DetokLoad(
+            streams=len(self.streams),
+            early=len(self.early),
+            tombstones=len(self.gone),
+            tokens=self.tokens_done,
+            batches_in=self.batches_in,
+            batches_out=self.batches_out,
+            broken_streams=self.broken_streams,
+            pass_time=self.pass_time.snapshot(),
+        )
 
     def idle(self) -> bool:
         return not self.streams

@@ -29,12 +29,15 @@ from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.engine import build_engine
 from splitserve.protocol import (
-    FINISH_NONE,
     GenerateRequest,
     OpenStream,
+    PrefillLoad,
     PrefixHeader,
     RequestFailed,
+    Source,
     TokenBatch,
+    TokenFinish,
+    WorkerInfo,
 )
 from splitserve.stats import Histogram
 from splitserve.stopping import token_finish
@@ -74,9 +77,9 @@ class PrefillWorker(WorkerLoop):
     def own_address(self) -> str:
         return self.config.addresses.prefill
 
-    def warmup(self) -> dict[str, Any]:
+    def warmup(self) -> WorkerInfo:
         self.engine.warmup(decode=False)  # only this role's side of the engine
-        return {"max_seq_len": self.engine.max_seq_len, "vocab_size": self.engine.vocab_size}
+        return WorkerInfo(max_seq_len=self.engine.max_seq_len, vocab_size=self.engine.vocab_size)
 
     def loop_once(self) -> None:
         if not self.queue:
@@ -121,7 +124,7 @@ class PrefillWorker(WorkerLoop):
         max_seq_len = self.engine.max_seq_len
         finish = token_finish(req.stop, prefix.first_token, 1, prefix.length + 1, max_seq_len)
         first = TokenBatch(
-            protocol.SOURCE_PREFILL,
+            Source.PREFILL,
             self.prefills + 1,
             [rid],
             [0],
@@ -131,7 +134,7 @@ class PrefillWorker(WorkerLoop):
             [OpenStream(rid, req.detok, req.logprobs)],
         )
         self.detoks[req.detok_index].send(first)
-        if finish == FINISH_NONE and not self.drop_prefixes:
+        if finish == TokenFinish.NONE and not self.drop_prefixes:
             header = PrefixHeader(
                 rid,
                 req.detok_index,
@@ -153,12 +156,13 @@ class PrefillWorker(WorkerLoop):
         log.warning("prefill: failing %s: %s", request_ids, message)
         self.router.send(RequestFailed(request_ids, self.role, message))
 
-    def load(self) -> dict[str, Any]:
-        return {
-            "queue": len(self.queue),
-            "prefills": self.prefills,
-            "prefill_time": self.prefill_time.snapshot(),
-        }
+    def load(self) -> PrefillLoad:
+        return PrefillLoad(
+            queue=len(self.queue),
+            queued_tokens=sum(len(r.prompt) for r in self.queue),
+            prefills=self.prefills,
+            prefill_time=self.prefill_time.snapshot(),
+        )
 
     def idle(self) -> bool:
         return not self.queue

@@ -43,16 +43,20 @@ from splitserve.engine.interface import SamplingParams
 from splitserve.hashring import HashRing
 from splitserve.protocol import (
     Abort,
+    DecodeLoad,
     DetokParams,
+    FinishReason,
     GenerateRequest,
     Heartbeat,
+    PrefillLoad,
     Ready,
     RequestFailed,
     StopCriteria,
     TextBatch,
+    TransportCounters,
 )
 from splitserve.tombstones import Tombstones
-from splitserve.transport import SEND_HWM, Counters, Receiver
+from splitserve.transport import SEND_HWM, Receiver
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +86,7 @@ class RouterCore:
         self.max_seq_len = config.model.max_seq_len
         # threads mode shares one context (inproc needs it); a process makes its own
         self.ctx = ctx if ctx is not None else zmq.Context()
-        self.counters = Counters()
+        self.counters = TransportCounters()
         self.workers = WorkerTable(config.detok_count, config.lifecycle.liveness_timeout_s)
         self.ring = HashRing([])
         self.requests: dict[str, RequestHandle] = {}
@@ -144,7 +148,7 @@ class RouterCore:
         while self.requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for handle in list(self.requests.values()):
-            self._end(handle, "error", "the server shut down before the request finished")
+            self._end(handle, FinishReason.ERROR, "the server shut down before the request ended")
         self._flush_aborts()
 
     async def close(self) -> None:
@@ -213,7 +217,7 @@ class RouterCore:
             params.logprobs,
         )  # fmt: skip
         if not self._send(self.prefill, msg):
-            self._end(handle, "error", "the prefill worker is not accepting requests")
+            self._end(handle, FinishReason.ERROR, "the prefill worker is not accepting requests")
         log.info("%s admitted: %d prompt tokens, detok %d", rid, len(prompt), detok_index)
         return handle
 
@@ -295,10 +299,11 @@ class RouterCore:
             return int(setting)
         prefill = step = 0.0
         for w in self.workers.workers.values():
-            if w.role == "prefill":
-                prefill = max(prefill, (w.load.get("prefill_time") or {}).get("p50") or 0.0)
-            elif w.role == "decode":
-                step = (w.load.get("step_gap") or {}).get("p50") or 0.0
+            load = w.load
+            if isinstance(load, PrefillLoad):
+                prefill = max(prefill, load.prefill_time.p50)
+            elif isinstance(load, DecodeLoad):
+                step = load.step_gap.p50
         if not prefill or not step:
             return STEPS_PER_PREFILL_UNMEASURED
         return max(1, min(STEPS_PER_PREFILL_MAX, math.ceil(prefill / step)))
@@ -344,7 +349,7 @@ class RouterCore:
                 fut.set_result(None)
 
     # ---- ending requests ----
-    def _end(self, handle: RequestHandle, finish_reason: str, error: str = "") -> None:
+    def _end(self, handle: RequestHandle, finish_reason: FinishReason, error: str = "") -> None:
         if handle.result is not None:
             return
         handle.end(finish_reason, error)
@@ -352,15 +357,15 @@ class RouterCore:
         self.recent_ids.add(handle.request_id)
         self._release_admission()
         self.metrics.ended(handle, time.monotonic())
-        if finish_reason in ("abort", "error"):
+        if finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
             self._abort_soon(handle)
         log.info(
-            "%s finished: %s, %d tokens%s", handle.request_id, finish_reason,
+            "%s finished: %s, %d tokens%s", handle.request_id, finish_reason.api,
             handle.completion_tokens, f" ({error})" if error else "",
         )  # fmt: skip
 
     def _client_abort(self, handle: RequestHandle) -> None:
-        self._end(handle, "abort")
+        self._end(handle, FinishReason.ABORT)
 
     def _abort_soon(self, handle: RequestHandle) -> None:
         """Aborts are batched: one Abort message per worker per event-loop turn."""
@@ -430,7 +435,7 @@ class RouterCore:
             for rid in msg.request_ids:
                 handle = self.requests.get(rid)
                 if handle is not None:
-                    self._end(handle, "error", f"{msg.role}: {msg.message}")
+                    self._end(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}")
         else:
             self.counters.malformed += 1
             log.warning("router: unexpected %s", type(msg).__name__)
@@ -464,7 +469,7 @@ class RouterCore:
             else:
                 hit = True  # decode holds, or is about to hold, every running request
             if hit:
-                self._end(handle, "error", reason)
+                self._end(handle, FinishReason.ERROR, reason)
 
     def _expire_requests(self) -> None:
         """The backstop for requests lost without a worker dying (a message lost in a crash):
@@ -474,16 +479,17 @@ class RouterCore:
         now = time.monotonic()
         stall = self.config.router.stall_timeout_s
         decode = self.workers.get("decode", 0)
-        slots_contended = bool(decode and decode.load.get("pending"))
+        load = decode.load if decode else None
+        slots_contended = isinstance(load, DecodeLoad) and load.pending > 0
         for handle in list(self.requests.values()):
             if now > handle.deadline:
-                self._end(handle, "error", "request timed out")
+                self._end(handle, FinishReason.ERROR, "request timed out")
             elif handle.first_token_at is None:
                 continue
             elif handle.completion_tokens <= 1 and slots_contended:
                 continue
             elif now - handle.last_progress > stall:
-                self._end(handle, "error", f"no progress for {stall:.0f} s")
+                self._end(handle, FinishReason.ERROR, f"no progress for {stall:.0f} s")
 
     # ---- introspection ----
     def health(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from prometheus_client.core import (
 
 from router.requests import RequestHandle
 from router.workers import WorkerTable
+from splitserve.protocol import DecodeLoad, DetokLoad, HistogramSnapshot, PrefillLoad
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
@@ -92,7 +93,7 @@ class RouterMetrics:
 
     def ended(self, handle: RequestHandle, now: float) -> None:
         assert handle.result is not None
-        self.requests.labels(handle.result.finish_reason).inc()
+        self.requests.labels(handle.result.finish_reason.api).inc()
         self.e2e.observe(now - handle.submitted)
 
     def render(self) -> bytes:
@@ -112,42 +113,41 @@ class _WorkerCollector:
         for w in self.workers.workers.values():
             up.add_metric([w.role, str(w.index)], 1.0 if w.state == "ready" else 0.0)
         yield up
-        decode = self.workers.get("decode", 0)
-        load = decode.load if decode else {}
-        free = GaugeMetricFamily("splitserve_decode_free_slots", "Free decode slots")
-        free.add_metric([], float(load.get("free_slots", 0)))
-        yield free
-        pending = GaugeMetricFamily("splitserve_decode_pending_prefixes", "Prefixes waiting")
-        pending.add_metric([], float(load.get("pending", 0)))
-        yield pending
-        slots = GaugeMetricFamily("splitserve_decode_slots", "Decode slots (the batch size)")
-        slots.add_metric([], float(load.get("num_slots", 0)))
-        yield slots
+        decode_w = self.workers.get("decode", 0)
+        decode = decode_w.load if decode_w else None
+        decode = decode if isinstance(decode, DecodeLoad) else None
+        for name, doc, value in (
+            ("splitserve_decode_free_slots", "Free decode slots", "free_slots"),
+            ("splitserve_decode_pending_prefixes", "Prefixes waiting", "pending"),
+            ("splitserve_decode_slots", "Decode slots (the batch size)", "num_slots"),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], float(getattr(decode, value) if decode else 0))
+            yield gauge
         # tokens / (steps x slots) over an interval is how full the decode batch ran
-        for key, name, doc in (
-            ("steps", "splitserve_decode_steps", "Decode steps run"),
-            ("tokens_sent", "splitserve_decode_tokens", "Tokens produced by decode steps"),
+        for name, doc, value in (
+            ("splitserve_decode_steps", "Decode steps run", "steps"),
+            ("splitserve_decode_tokens", "Tokens produced by decode steps", "tokens_sent"),
         ):
             counter = CounterMetricFamily(name, doc)
-            counter.add_metric([], float(load.get(key, 0)))
+            counter.add_metric([], float(getattr(decode, value) if decode else 0))
             yield counter
-        prefill = self.workers.get("prefill", 0)
-        for load_of, key, name, doc in (
-            (load, "step_time", "splitserve_decode_step_seconds", "Decode step duration"),
+        prefill_w = self.workers.get("prefill", 0)
+        prefill = prefill_w.load if prefill_w else None
+        prefill = prefill if isinstance(prefill, PrefillLoad) else None
+        for snap, name, doc in (
+            (decode and decode.step_time, "splitserve_decode_step_seconds", "Decode step duration"),
             (
-                load,
-                "step_gap",
+                decode and decode.step_gap,
                 "splitserve_decode_step_gap_seconds",
                 "Start-to-start time between consecutive busy decode steps",
             ),
             (
-                prefill.load if prefill else {},
-                "prefill_time",
+                prefill and prefill.prefill_time,
                 "splitserve_prefill_seconds",
                 "Prefill duration (engine.prefill of one prompt, first token sampled)",
             ),
         ):
-            snap = load_of.get(key)
             if snap:
                 yield _histogram(name, doc, snap)
                 # exact quantiles over the worker's recent window: finer than the buckets
@@ -155,8 +155,8 @@ class _WorkerCollector:
                     f"{name}_recent", f"{doc}: quantiles over the recent window",
                     labels=["quantile"],
                 )  # fmt: skip
-                for q in ("p50", "p90", "p99"):
-                    recent.add_metric([str(int(q[1:]) / 100)], float(snap.get(q, 0.0)))
+                for q, value in ((0.5, snap.p50), (0.9, snap.p90), (0.99, snap.p99)):
+                    recent.add_metric([str(q)], float(value))
                 yield recent
         streams = GaugeMetricFamily(
             "splitserve_detok_streams", "Open streams per detok worker", labels=["index"]
@@ -165,9 +165,10 @@ class _WorkerCollector:
             "splitserve_detok_tokens", "Tokens detokenized per detok worker", labels=["index"]
         )
         for w in self.workers.workers.values():
-            if w.role == "detok":
-                streams.add_metric([str(w.index)], float(w.load.get("streams", 0)))
-                tokens.add_metric([str(w.index)], float(w.load.get("tokens", 0)))
+            load = w.load
+            if isinstance(load, DetokLoad):
+                streams.add_metric([str(w.index)], float(load.streams))
+                tokens.add_metric([str(w.index)], float(load.tokens))
         yield streams
         yield tokens
         dropped = GaugeMetricFamily(
@@ -176,15 +177,14 @@ class _WorkerCollector:
             labels=["role", "index"],
         )
         for w in self.workers.workers.values():
-            transport = w.load.get("transport", {})
-            dropped.add_metric([w.role, str(w.index)], float(transport.get("dropped", 0)))
+            dropped.add_metric([w.role, str(w.index)], float(w.transport.dropped))
         yield dropped
 
 
-def _histogram(name: str, doc: str, snap: dict) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, snap: HistogramSnapshot) -> HistogramMetricFamily:
     buckets = []
     cumulative = 0
-    for bound, count in zip(list(snap["buckets"]) + [float("inf")], snap["counts"], strict=True):
+    for bound, count in zip([*snap.buckets, float("inf")], snap.counts, strict=True):
         cumulative += count
         buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snap["sum"])
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snap.sum)

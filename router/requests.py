@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from splitserve.protocol import FinishReason
+
 
 class RequestError(Exception):
     """Base of the errors the router core raises at submit time."""
@@ -69,10 +71,10 @@ class Delta:
 
 @dataclass
 class Result:
-    """How a request ended. finish_reason is one of stop, length, abort, error."""
+    """How a request ended (finish_reason.api is the API's string: stop, length, abort, error)."""
 
     request_id: str
-    finish_reason: str
+    finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     error: str = ""
@@ -139,7 +141,7 @@ class RequestHandle:
         else:
             self._queue.put_nowait(delta)
 
-    def end(self, finish_reason: str, error: str = "") -> None:
+    def end(self, finish_reason: FinishReason, error: str = "") -> None:
         if self.result is not None:
             return
         self.result = Result(

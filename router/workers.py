@@ -12,7 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.protocol import PROTOCOL_VERSION, Heartbeat, Ready
+from splitserve.protocol import (
+    PROTOCOL_VERSION,
+    DecodeLoad,
+    DetokLoad,
+    Heartbeat,
+    PrefillLoad,
+    Ready,
+    TransportCounters,
+    WorkerInfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +33,19 @@ class WorkerState:
     state: str = "starting"  # starting | ready | dead | refused
     pid: int = 0
     last_seen: float = 0.0
-    load: dict[str, Any] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
+    info: WorkerInfo = field(default_factory=WorkerInfo)
+    heartbeat: Heartbeat | None = None  # the latest
     restarts: int = 0
+
+    @property
+    def load(self) -> PrefillLoad | DecodeLoad | DetokLoad | None:
+        """The role's load report from the latest heartbeat (None before the first)."""
+        beat = self.heartbeat
+        return None if beat is None else getattr(beat, self.role)
+
+    @property
+    def transport(self) -> TransportCounters:
+        return self.heartbeat.transport if self.heartbeat else TransportCounters()
 
     @property
     def key(self) -> tuple[str, int]:
@@ -62,9 +81,7 @@ class WorkerTable:
         if w is None:
             log.warning("message from unknown worker %s[%s]", msg.role, msg.index)
             return None, False
-        version = (
-            msg.protocol_version if isinstance(msg, Ready) else msg.load.get("protocol_version")
-        )
+        version = msg.protocol_version
         if version != PROTOCOL_VERSION:
             if w.state != "refused":
                 log.error(
@@ -86,9 +103,9 @@ class WorkerTable:
         w.pid = msg.pid
         w.last_seen = time.monotonic()
         if isinstance(msg, Ready):
-            w.info = dict(msg.info)
+            w.info = msg.info
         else:
-            w.load = dict(msg.load)
+            w.heartbeat = msg
         return w, lost
 
     def expire(self) -> list[WorkerState]:

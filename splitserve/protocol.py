@@ -6,12 +6,16 @@ arrays (the KV cache of a Prefix) follow as extra frames, sent without copies an
 np.frombuffer. No pickle anywhere: a frame that is not a known, well-formed message raises
 ProtocolError, which receivers count and log and never die of.
 
-PROTOCOL_VERSION is checked in the Ready handshake: the router refuses workers of another version.
+PROTOCOL_VERSION is a field of Ready and of every Heartbeat: the router refuses workers of another
+version. Load reports are typed messages of their own (one per role), nested in the heartbeat;
+finish reasons and token sources are IntEnums, ints on the wire.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,15 +25,36 @@ import numpy as np
 
 from splitserve.engine.interface import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
-# TokenBatch.finishes codes: why a token ended its request (decided by prefill or decode).
-FINISH_NONE = 0
-FINISH_STOP_TOKEN = 1  # eos or a stop token id: its text is not part of the output
-FINISH_LENGTH = 2  # max_tokens or the context limit: the token's text is part of the output
 
-SOURCE_PREFILL = 0
-SOURCE_DECODE = 1
+class TokenFinish(enum.IntEnum):
+    """Why a token ended its request, decided by prefill or decode (TokenBatch.finishes)."""
+
+    NONE = 0
+    STOP_TOKEN = 1  # eos or a stop token id: its text is not part of the output
+    LENGTH = 2  # max_tokens or the context limit: the token's text is part of the output
+
+
+class FinishReason(enum.IntEnum):
+    """How a request ended. The API string is the member's name in lower case."""
+
+    NONE = 0  # still running
+    STOP = 1  # eos, a stop token id or a stop string
+    LENGTH = 2  # max_tokens or the context limit
+    ABORT = 3  # the client went away or cancelled
+    ERROR = 4  # a worker could not complete it
+
+    @property
+    def api(self) -> str:
+        return self.name.lower()
+
+
+class Source(enum.IntEnum):
+    """Which worker sent a TokenBatch."""
+
+    PREFILL = 0
+    DECODE = 1
 
 
 class ProtocolError(ValueError):
@@ -106,13 +131,13 @@ class TokenBatch:
     The decode worker sends one per detok worker per step; seqs are output positions (0 = first).
     """
 
-    source: int
+    source: Source
     step: int
     request_ids: list[str]
     seqs: list[int]
     tokens: list[int]
     logprobs: list[float]
-    finishes: list[int]
+    finishes: list[int]  # TokenFinish values
     opens: list[OpenStream] = field(default_factory=list)
 
 
@@ -124,7 +149,7 @@ class TextDelta:
     text: str
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str = ""  # "", "stop", "length"
+    finish_reason: FinishReason = FinishReason.NONE  # NONE, STOP or LENGTH from a detok worker
 
 
 @dataclass
@@ -157,25 +182,108 @@ class RequestFailed:
     message: str
 
 
+# ---- load reports, nested in heartbeats ---------------------------------------------------------
+
+
+@dataclass
+class HistogramSnapshot:
+    """A worker's latency histogram: fixed buckets (seconds) the router can add up, plus exact
+    quantiles over the worker's recent window."""
+
+    buckets: list[float]
+    counts: list[int]  # one per bucket, then +Inf
+    sum: float
+    count: int
+    p50: float
+    p90: float
+    p99: float
+
+
+@dataclass
+class TransportCounters:
+    """A worker's message counts: sends dropped by a slow or gone peer, frames malformed."""
+
+    sent: int = 0
+    dropped: int = 0
+    received: int = 0
+    malformed: int = 0
+
+
+@dataclass
+class PrefillLoad:
+    """Inside a prefill worker's Heartbeat."""
+
+    queue: int  # requests waiting for their prefill
+    queued_tokens: int  # their prompt tokens
+    prefills: int  # run since start
+    prefill_time: HistogramSnapshot
+
+
+@dataclass
+class DecodeLoad:
+    """Inside a decode worker's Heartbeat."""
+
+    num_slots: int
+    free_slots: int
+    live: int
+    pending: int  # prefixes waiting for a slot
+    steps: int
+    batches_sent: int
+    tokens_sent: int
+    tombstones: int
+    failed_inserts: int
+    step_time: HistogramSnapshot
+    step_gap: HistogramSnapshot  # start-to-start time of consecutive busy steps
+
+
+@dataclass
+class DetokLoad:
+    """Inside a detok worker's Heartbeat."""
+
+    streams: int
+    early: int  # streams whose tokens came before their opening
+    tombstones: int
+    tokens: int
+    batches_in: int
+    batches_out: int
+    broken_streams: int
+    pass_time: HistogramSnapshot
+
+
+@dataclass
+class WorkerInfo:
+    """Inside Ready: what the worker's warm-up settled (0 where the role has none)."""
+
+    max_seq_len: int = 0
+    vocab_size: int = 0
+    num_slots: int = 0
+
+
 @dataclass
 class Ready:
     """worker -> router: warm-up is done; this worker serves protocol_version."""
 
     role: str
     index: int
-    protocol_version: int
     pid: int
-    info: dict[str, Any]
+    protocol_version: int
+    info: WorkerInfo
 
 
 @dataclass
 class Heartbeat:
-    """worker -> router: alive, with load figures (free slots, queue lengths, step times...)."""
+    """worker -> router: alive, with its role's load report (the other two are None)."""
 
     role: str
     index: int
     pid: int
-    load: dict[str, Any]
+    protocol_version: int
+    loop_age_s: float  # since the worker's loop last completed a pass
+    draining: bool
+    transport: TransportCounters
+    prefill: PrefillLoad | None = None
+    decode: DecodeLoad | None = None
+    detok: DetokLoad | None = None
 
 
 MESSAGE_TYPES: dict[int, type] = {
@@ -191,7 +299,10 @@ MESSAGE_TYPES: dict[int, type] = {
 }
 TYPE_CODES = {cls: code for code, cls in MESSAGE_TYPES.items()}
 
-_NESTED = (SamplingParams, StopCriteria, DetokParams, OpenStream, TextDelta)
+_NESTED = (
+    SamplingParams, StopCriteria, DetokParams, OpenStream, TextDelta, HistogramSnapshot,
+    TransportCounters, PrefillLoad, DecodeLoad, DetokLoad, WorkerInfo,
+)  # fmt: skip
 
 
 class _Codec:
@@ -211,20 +322,25 @@ class _Codec:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         )
         self.checks = [_check_for(hints[f.name], cls.__name__, f.name) for f in fields]
-        # (field index, the nested message class, whether the field is a list of them)
-        self.nested: list[tuple[int, type, bool]] = []
+        # (field index, the nested message class, "one" | "many" (a list) | "optional")
+        self.nested: list[tuple[int, type, str]] = []
         for i, f in enumerate(fields):
             hint = hints[f.name]
             if hint in _NESTED:
-                self.nested.append((i, hint, False))
+                self.nested.append((i, hint, "one"))
             elif typing.get_origin(hint) is list and typing.get_args(hint)[0] in _NESTED:
-                self.nested.append((i, typing.get_args(hint)[0], True))
+                self.nested.append((i, typing.get_args(hint)[0], "many"))
+            elif _optional_of(hint) in _NESTED:
+                self.nested.append((i, _optional_of(hint), "optional"))
 
     def to_wire(self, obj: Any) -> list[Any]:
         values = [getattr(obj, name) for name in self.names]
-        for i, cls, many in self.nested:
+        for i, cls, kind in self.nested:
             codec = _CODECS[cls]
-            values[i] = [codec.to_wire(x) for x in values[i]] if many else codec.to_wire(values[i])
+            if kind == "many":
+                values[i] = [codec.to_wire(x) for x in values[i]]
+            elif values[i] is not None:
+                values[i] = codec.to_wire(values[i])
         return values
 
     def from_wire(self, values: Any) -> Any:
@@ -236,10 +352,34 @@ class _Codec:
         return cls(*[check(v) for check, v in zip(self.checks, values, strict=False)])
 
 
+def _optional_of(hint: Any) -> Any:
+    """X for a hint `X | None`, else None."""
+    if isinstance(hint, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0]
+    return None
+
+
 def _check_for(hint: Any, owner: str, name: str):
     """The function that checks (and, for nested messages, rebuilds) one field's wire value."""
     if hint in _NESTED:
         return lambda v: _CODECS[hint].from_wire(v)
+    inner = _optional_of(hint)
+    if inner is not None:
+        check_inner = _check_for(inner, owner, name)
+        return lambda v: None if v is None else check_inner(v)
+    if isinstance(hint, type) and issubclass(hint, enum.IntEnum):
+
+        def check_enum(v):
+            if type(v) is not int:
+                raise ProtocolError(f"{owner}.{name}: expected an int")
+            try:
+                return hint(v)
+            except ValueError:
+                raise ProtocolError(f"{owner}.{name}: {v} is not a {hint.__name__}") from None
+
+        return check_enum
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
 

@@ -8,6 +8,8 @@ from collections import deque
 
 import numpy as np
 
+from splitserve.protocol import HistogramSnapshot
+
 # seconds; from 100 us to 10 s
 BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
@@ -39,14 +41,8 @@ class Histogram:
         window = np.partition(np.fromiter(self.recent, np.float64, n), ranks)
         return [float(window[r]) for r in ranks]
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> HistogramSnapshot:
         p50, p90, p99 = self.quantiles((0.5, 0.9, 0.99))
-        return {
-            "buckets": list(BUCKETS),
-            "counts": list(self.counts),
-            "sum": self.total,
-            "count": self.count,
-            "p50": p50,
-            "p90": p90,
-            "p99": p99,
-        }
+        return HistogramSnapshot(
+            list(BUCKETS), list(self.counts), self.total, self.count, p50, p90, p99
+        )

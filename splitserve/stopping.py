@@ -5,12 +5,12 @@ Stop strings are not here: they need text, so the detok worker finds them.
 
 from __future__ import annotations
 
-from splitserve.protocol import FINISH_LENGTH, FINISH_NONE, FINISH_STOP_TOKEN, StopCriteria
+from splitserve.protocol import StopCriteria, TokenFinish
 
 
 def token_finish(
     stop: StopCriteria, token: int, generated: int, context_len: int, max_seq_len: int
-) -> int:
+) -> TokenFinish:
     """Why `token` ends its request, if it does.
 
     generated counts output tokens including this one; context_len counts prompt and output tokens.
@@ -19,7 +19,7 @@ def token_finish(
     """
     if generated >= stop.min_tokens:
         if token in stop.stop_token_ids or (not stop.ignore_eos and token in stop.eos_ids):
-            return FINISH_STOP_TOKEN
+            return TokenFinish.STOP_TOKEN
     if generated >= stop.max_tokens or context_len >= max_seq_len:
-        return FINISH_LENGTH
-    return FINISH_NONE
+        return TokenFinish.LENGTH
+    return TokenFinish.NONE

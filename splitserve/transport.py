@@ -17,6 +17,7 @@ import zmq
 
 from splitserve import protocol
 from splitserve.config import bind_address
+from splitserve.protocol import TransportCounters
 
 log = logging.getLogger(__name__)
 
@@ -24,28 +25,10 @@ SEND_HWM = 100_000  # messages queued per peer before sends start dropping
 RECV_HWM = 100_000
 
 
-@dataclass
-class Counters:
-    """Transport health figures, reported in heartbeats."""
-
-    sent: int = 0
-    dropped: int = 0
-    received: int = 0
-    malformed: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "sent": self.sent,
-            "dropped": self.dropped,
-            "received": self.received,
-            "malformed": self.malformed,
-        }
-
-
 class Receiver:
     """A bound PULL socket that yields decoded messages; malformed ones are counted and skipped."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, counters: Counters):
+    def __init__(self, ctx: zmq.Context, endpoint: str, counters: TransportCounters):
         self.socket = ctx.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, RECV_HWM)
@@ -86,7 +69,7 @@ class Receiver:
 class Sender:
     """A connected PUSH socket whose sends never block (drops are counted)."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, counters: Counters):
+    def __init__(self, ctx: zmq.Context, endpoint: str, counters: TransportCounters):
         self.endpoint = endpoint
         self.socket = ctx.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -179,7 +162,11 @@ def faults_from_env(environ: dict[str, str]) -> dict[str, float]:
 
 
 def detok_sender(
-    ctx: zmq.Context, endpoint: str, counters: Counters, faults: dict[str, float], path: str
+    ctx: zmq.Context,
+    endpoint: str,
+    counters: TransportCounters,
+    faults: dict[str, float],
+    path: str,
 ) -> Sender | FaultySender:
     """A sender to a detok worker, wrapped in fault injection when the environment asks for it.
 

@@ -7,18 +7,29 @@ the stop event come from outside.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
-from typing import Any
 
 import zmq
 
 from splitserve.config import ClusterConfig
 from splitserve.procutil import freeze_startup_objects
-from splitserve.protocol import PROTOCOL_VERSION, Heartbeat, Ready
-from splitserve.transport import Counters, Receiver, Sender
+from splitserve.protocol import (
+    PROTOCOL_VERSION,
+    DecodeLoad,
+    DetokLoad,
+    Heartbeat,
+    PrefillLoad,
+    Ready,
+    TransportCounters,
+    WorkerInfo,
+)
+from splitserve.transport import Receiver, Sender
+
+RoleLoad = PrefillLoad | DecodeLoad | DetokLoad
 
 log = logging.getLogger(__name__)
 
@@ -31,26 +42,27 @@ class WorkerLoop:
         self.index = index
         self.ctx = ctx
         self.stop = stop
-        self.counters = Counters()
+        self.counters = TransportCounters()
         self.pid = os.getpid()
         self.receiver = Receiver(ctx, self.own_address(), self.counters)
         self.router = Sender(ctx, config.addresses.router, self.counters)
         self._next_heartbeat = 0.0
-        self._snapshot: tuple[float, dict[str, Any]] = (0.0, {})
+        self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
 
     # ---- provided by each role ----
     def own_address(self) -> str:
         raise NotImplementedError
 
-    def warmup(self) -> dict[str, Any]:
+    def warmup(self) -> WorkerInfo:
         """Compile and prepare; returns facts for the Ready message."""
-        return {}
+        return WorkerInfo()
 
     def loop_once(self) -> None:
         raise NotImplementedError
 
-    def load(self) -> dict[str, Any]:
-        return {}
+    def load(self) -> RoleLoad:
+        """This role's load report (its Heartbeat field of the same name)."""
+        raise NotImplementedError
 
     def idle(self) -> bool:
         """Nothing in flight: a draining worker may exit."""
@@ -64,7 +76,7 @@ class WorkerLoop:
         info = self.warmup()
         if threading.current_thread() is threading.main_thread():  # this process is the role's
             freeze_startup_objects()
-        self.router.send(Ready(self.role, self.index, PROTOCOL_VERSION, self.pid, info))
+        self.router.send(Ready(self.role, self.index, self.pid, PROTOCOL_VERSION, info))
         log.info("%s[%d] ready (pid %d)", self.role, self.index, self.pid)
         self.take_snapshot()
         beating = threading.Event()
@@ -99,22 +111,23 @@ class WorkerLoop:
 
     def take_snapshot(self) -> None:
         """The loop's load figures, taken on the loop's own thread (they are not thread-safe)."""
-        load = self.load()
-        load["transport"] = self.counters.as_dict()
-        load["draining"] = self.stop.is_set()
-        load["protocol_version"] = PROTOCOL_VERSION
-        self._snapshot = (time.monotonic(), load)
+        self._snapshot = (time.monotonic(), self.load())
 
     def _heartbeat_loop(self, done: threading.Event) -> None:
         """Heartbeats go from a thread of their own, on a socket of their own, so that a long
         engine call (a big prefill, a compile) never reads as a dead worker: JAX releases the GIL
         while it computes. loop_age_s tells how long ago the loop last completed a pass."""
-        sender = Sender(self.ctx, self.config.addresses.router, Counters())
+        sender = Sender(self.ctx, self.config.addresses.router, TransportCounters())
         try:
             while not done.wait(self.config.lifecycle.heartbeat_interval_s):
                 taken, load = self._snapshot
-                load = {**load, "loop_age_s": round(time.monotonic() - taken, 3)}
-                sender.send(Heartbeat(self.role, self.index, self.pid, load))
+                transport = dataclasses.replace(self.counters)  # a copy: the loop counts on
+                beat = Heartbeat(
+                    self.role, self.index, self.pid, PROTOCOL_VERSION,
+                    round(time.monotonic() - taken, 3), self.stop.is_set(), transport,
+                    **{self.role: load},
+                )  # fmt: skip
+                sender.send(beat)
         finally:
             sender.close()
 

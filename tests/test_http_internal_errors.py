@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from router.http import build_app
 from router.requests import Delta, RequestHandle, RequestParams
+from splitserve.protocol import FinishReason
 from splitserve.tokenizers import load_tokenizer
 from tests.pipeline_util import make_config
 
@@ -89,9 +90,9 @@ def test_a_finished_stream_leaves_no_cycle_for_the_collector(client_for):
         handles.append(weakref.ref(handle))
         handle.push(Delta("hello", [1], []))
         if len(handles) % 2:  # ends before the HTTP layer takes its deltas, or after
-            handle.end("stop")
+            handle.end(FinishReason.STOP)
         else:
-            asyncio.get_running_loop().call_soon(handle.end, "stop")
+            asyncio.get_running_loop().call_soon(handle.end, FinishReason.STOP)
 
     gc.collect()
     gc.disable()

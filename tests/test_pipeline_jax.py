@@ -71,7 +71,7 @@ def test_jax_engine_serves_same_tokens_as_direct_run(tokenizer_512, direct_engin
                     ids.extend(d.token_ids)
                 got.append((ids, h.result))
             for (ids, result), want in zip(got, expected, strict=True):
-                assert result.finish_reason == "length"
+                assert result.finish_reason.api == "length"
                 assert ids == want
 
     run(body(), timeout_s=400)

@@ -35,8 +35,24 @@ stops = st.builds(StopCriteria, ints, ints, st.booleans(), token_lists, token_li
 detoks = st.builds(DetokParams, st.booleans(), st.lists(st.text(max_size=8)), st.booleans(), ints)
 opens = st.builds(OpenStream, ids, detoks, st.booleans())
 deltas = st.builds(TextDelta, ids, st.text(), token_lists, st.lists(floats),
-                   st.sampled_from(["", "stop", "length"]))  # fmt: skip
-loads = st.dictionaries(st.text(max_size=8), st.one_of(ints, floats, st.text(max_size=8)))
+                   st.sampled_from([protocol.FinishReason.NONE, protocol.FinishReason.STOP,
+                                    protocol.FinishReason.LENGTH]))  # fmt: skip
+counts = st.integers(0, 2**40)
+histograms = st.builds(protocol.HistogramSnapshot, st.lists(floats, max_size=4),
+                       st.lists(counts, max_size=5), floats, counts, floats, floats, floats)
+transports = st.builds(protocol.TransportCounters, counts, counts, counts, counts)
+prefill_loads = st.builds(protocol.PrefillLoad, counts, counts, counts, histograms)
+decode_loads = st.builds(protocol.DecodeLoad, *[counts] * 9, histograms, histograms)
+detok_loads = st.builds(protocol.DetokLoad, *[counts] * 7, histograms)
+infos = st.builds(protocol.WorkerInfo, counts, counts, counts)
+
+
+@st.composite
+def heartbeats(draw):
+    role = draw(st.sampled_from(["prefill", "decode", "detok"]))
+    loads = {"prefill": prefill_loads, "decode": decode_loads, "detok": detok_loads}
+    return Heartbeat(role, draw(ints), draw(ints), draw(ints), draw(floats), draw(st.booleans()),
+                     draw(transports), **{role: draw(loads[role])})  # fmt: skip
 
 
 @st.composite
@@ -44,7 +60,7 @@ def token_batches(draw):
     n = draw(st.integers(0, 70))
     column = lambda s: draw(st.lists(s, min_size=n, max_size=n))  # noqa: E731
     return TokenBatch(
-        draw(st.sampled_from([protocol.SOURCE_PREFILL, protocol.SOURCE_DECODE])),
+        draw(st.sampled_from(list(protocol.Source))),
         draw(ints),
         column(ids),
         column(ints),
@@ -64,8 +80,8 @@ messages = st.one_of(
     st.builds(Abort, st.lists(ids)),
     st.builds(Finish, st.lists(ids)),
     st.builds(RequestFailed, st.lists(ids), st.text(), st.text()),
-    st.builds(Ready, st.text(), ints, ints, ints, loads),
-    st.builds(Heartbeat, st.text(), ints, ints, loads),
+    st.builds(Ready, st.text(), ints, ints, ints, infos),
+    heartbeats(),
 )  # fmt: skip
 
 
@@ -112,7 +128,9 @@ good_request = GenerateRequest("r", 0, [1, 2], SamplingParams(), StopCriteria(4)
         _frame(1, ["r", 0, [1], "sampling", [4], [], False]),  # str for a nested message
         _frame(1, ["r", 0, [1], [0.0, 1.0, 0, 1], ["four"], [], False]),  # bad nested field
         _frame(4, [["not a delta"]]),  # a list of nested messages holding a str
-        _frame(9, ["decode", 0, 1, ["not", "a", "map"]]),
+        _frame(9, ["decode", 0, 1, 2, 0.0, False, [0, 0, 0, 0], ["not", "a", "load"]]),
+        _frame(4, [[["r", "x", [1], [], 9]]]),  # 9 is no finish reason
+        _frame(3, [7, 0, [], [], [], [], []]),  # 7 is no source
     ],
 )
 def test_malformed_frames_raise_protocol_error(frames):

@@ -83,7 +83,7 @@ class ChatFormat:
 
     def finish_chunk(self, choice: Choice) -> dict[str, Any]:
         assert choice.result is not None
-        return self._chunk([self._item(choice.index, {}, None, choice.result.finish_reason)])
+        return self._chunk([self._item(choice.index, {}, None, choice.result.finish_reason.api)])
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {**self._chunk([]), "usage": usage}
@@ -97,6 +97,6 @@ class ChatFormat:
                 "index": c.index,
                 "message": {"role": "assistant", "content": "".join(c.text)},
                 "logprobs": self._logprobs(c.token_ids, c.logprobs),
-                "finish_reason": c.result.finish_reason,
+                "finish_reason": c.result.finish_reason.api,
             })  # fmt: skip
         return {**self._chunk(items, "chat.completion"), "usage": self.gen.usage()}

@@ -87,7 +87,7 @@ class CompletionFormat:
     def finish_chunk(self, choice: Choice) -> dict[str, Any]:
         assert choice.result is not None
         item = {"index": choice.index, "text": "", "logprobs": None,
-                "finish_reason": choice.result.finish_reason}  # fmt: skip
+                "finish_reason": choice.result.finish_reason.api}  # fmt: skip
         return self._chunk([item])
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +102,6 @@ class CompletionFormat:
                 "index": c.index,
                 "text": "".join(c.text),
                 "logprobs": self._logprobs(c, c.token_ids, c.logprobs),
-                "finish_reason": c.result.finish_reason,
+                "finish_reason": c.result.finish_reason.api,
             })  # fmt: skip
         return {**self._chunk(items), "usage": self.gen.usage()}

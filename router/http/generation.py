@@ -20,6 +20,7 @@ from router.core import MAX_SEED
 from router.http.context import ServerContext
 from router.http.errors import APIError
 from router.requests import Delta, RequestHandle, RequestParams, Result
+from splitserve.protocol import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +145,9 @@ class Generation:
         """The error a failed choice (or the first failed one) must be reported as."""
         for c in [choice] if choice is not None else self.choices:
             r = c.result
-            if r is not None and r.finish_reason == "error":
+            if r is not None and r.finish_reason == FinishReason.ERROR:
                 return APIError(500, r.error or "the request failed", "internal_error")
-            if r is not None and r.finish_reason == "abort":
+            if r is not None and r.finish_reason == FinishReason.ABORT:
                 return APIError(500, "the request was aborted", "internal_error")
         return None
 

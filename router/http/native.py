@@ -61,7 +61,8 @@ class NativeFormat:
 
     def finish_chunk(self, choice: Choice) -> dict[str, Any]:
         assert choice.result is not None
-        return {**self._item("", [], [], choice.result.finish_reason), "usage": self.gen.usage()}
+        item = self._item("", [], [], choice.result.finish_reason.api)
+        return {**item, "usage": self.gen.usage()}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.gen.request_id, "usage": usage}
@@ -69,5 +70,5 @@ class NativeFormat:
     def response(self) -> dict[str, Any]:
         (c,) = self.gen.choices
         assert c.result is not None
-        item = self._item("".join(c.text), c.token_ids, c.logprobs, c.result.finish_reason)
+        item = self._item("".join(c.text), c.token_ids, c.logprobs, c.result.finish_reason.api)
         return {**item, "usage": self.gen.usage()}
