@@ -15,6 +15,8 @@ class RequestError(Exception):
 
     status = 500
     kind = "internal_error"
+    param: str | None = None
+    code: str | None = None
 
 
 class InvalidRequest(RequestError):
@@ -23,9 +25,10 @@ class InvalidRequest(RequestError):
     status = 400
     kind = "invalid_request_error"
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class Overloaded(RequestError):
@@ -82,7 +85,8 @@ class Result:
 
 @dataclass
 class RequestHandle:
-    """One admitted request: iterate it for deltas, then read .result (or await finished())."""
+    """One admitted request: iterate it for deltas, then read .result (or await finished()).
+    To end it early, call the core's abort(handle)."""
 
     request_id: str
     prompt_tokens: int
@@ -96,7 +100,6 @@ class RequestHandle:
     completion_tokens: int = 0
     result: Result | None = None
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    _abort_cb: object = None
     _sink: Callable[[Delta | None], None] | None = None
 
     def deliver_to(self, sink: Callable[[Delta | None], None]) -> None:
@@ -123,11 +126,6 @@ class RequestHandle:
         parts = [d.text async for d in self]
         assert self.result is not None
         return "".join(parts), self.result
-
-    def abort(self) -> None:
-        """The client went away or cancelled: end the request and free its resources."""
-        if self.result is None and self._abort_cb is not None:
-            self._abort_cb(self)
 
     # ---- used by the core ----
     def push(self, delta: Delta) -> None:

@@ -62,7 +62,7 @@ class RouterConfig:
     port: int = 8000
     max_running: int = 64  # requests admitted into the pipeline at once
     # A request is admitted into the pipeline when a decode slot is free for it, or when its
-    # prefill would be done about when one frees (see RouterCore._may_admit_ahead). This is the
+    # prefill would be done about when one frees (router/admission.py). This is the
     # decode steps one prefill takes: too small leaves slots idle while prefills catch up, too
     # large and a new stream pauses after its first token until its slot frees. "auto": measured
     # from the workers' own figures; 0: only for free slots.

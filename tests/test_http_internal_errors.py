@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from router.http import build_app
+from router.request_table import RequestTable
 from router.requests import Delta, RequestHandle, RequestParams
 from splitserve.protocol import FinishReason
 from splitserve.tokenizers import load_tokenizer
@@ -27,12 +28,16 @@ class StubCore:
 
     def __init__(self, script):
         self.script = script
+        self.requests = RequestTable(state_ttl_s=1.0)
 
-    async def submit(self, prompt, params: RequestParams, request_id=None):
+    async def submit(self, prompt, params: RequestParams, request_id=None, claimed=False):
         now = time.monotonic()
         handle = RequestHandle(request_id, len(prompt), 0, params, now, now, now + 60)
         self.script(handle)
         return handle
+
+    def abort(self, handle):
+        handle.end(FinishReason.ABORT)
 
     def is_ready(self):
         return True

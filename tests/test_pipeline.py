@@ -139,7 +139,7 @@ def test_abort_at_random_points_leaves_nothing_behind(tokenizer_512, mode):
                         wait_tokens -= len(d.token_ids)
                         if wait_tokens <= 0:
                             break
-                h.abort()
+                core.abort(h)
                 return h.result
 
             results = await asyncio.gather(*(one(i) for i in range(1000)))
@@ -147,10 +147,11 @@ def test_abort_at_random_points_leaves_nothing_behind(tokenizer_512, mode):
             assert all(r.finish_reason.api in ("abort", "length") for r in results), reasons
             aborted = sum(r.finish_reason.api == "abort" for r in results)
             assert aborted > 600  # the rest ran to length
-            assert core.running == 0 and not core.requests and not core.waiters
+            assert core.admission.running == 0 and not core.admission.waiters
+            assert not len(core.requests)
 
             def clean():
-                if len(core.recent_ids):
+                if len(core.requests.recent):
                     return False
                 for w in core.workers.workers.values():
                     load = w.load
@@ -187,7 +188,7 @@ def test_overload_is_refused_clearly(tokenizer_512):
             params = RequestParams(max_tokens=100, ignore_eos=True)
             running = [await core.submit(prompt, params) for _ in range(2)]
             queued = asyncio.create_task(core.submit(prompt, params))
-            await wait_for(lambda: len(core.waiters) == 1, 5, "the third request queued")
+            await wait_for(lambda: len(core.admission.waiters) == 1, 5, "the third request queued")
             with pytest.raises(Overloaded):
                 await core.submit(prompt, params)
             for h in running:
@@ -227,10 +228,10 @@ def test_admission_waits_for_a_free_decode_slot(tokenizer_512):
             prompt = _prompts(tok, 1)[0]
             params = RequestParams(max_tokens=30, ignore_eos=True)
             tasks = [asyncio.create_task(core.submit(prompt, params)) for _ in range(6)]
-            await wait_for(lambda: len(core.waiters) == 4, 5, "four requests queued")
-            assert core.running == 2 and sum(t.done() for t in tasks) == 2
+            await wait_for(lambda: len(core.admission.waiters) == 4, 5, "four requests queued")
+            assert core.admission.running == 2 and sum(t.done() for t in tasks) == 2
             await _all_complete(tasks, 30)
-            assert core.running == 0 and not core.waiters
+            assert core.admission.running == 0 and not core.admission.waiters
 
     run(body())
 
@@ -249,16 +250,16 @@ def test_admission_runs_ahead_of_a_slot_about_to_free(tokenizer_512):
             params = RequestParams(max_tokens=40, ignore_eos=True)
             first = await core.submit(prompt, params)
             second_task = asyncio.create_task(core.submit(prompt, params))
-            await wait_for(lambda: len(core.waiters) == 1, 5, "the second request queued")
+            await wait_for(lambda: len(core.admission.waiters) == 1, 5, "the second request queued")
             # the slot is busy with more than 2 x admit_ahead_tokens to go: the second one waits
-            assert core.running == 1 and first.completion_tokens < 40 - 10
+            assert core.admission.running == 1 and first.completion_tokens < 40 - 10
             second = await asyncio.wait_for(second_task, 10)
             assert first.result is None, "admitted only after the first request ended"
             assert 40 - 10 <= first.completion_tokens < 40
             for handle in (first, second):
                 text, result = await handle.finished()
                 assert result.finish_reason.api == "length" and result.completion_tokens == 40
-            assert core.running == 0
+            assert core.admission.running == 0
 
     run(body())
 
@@ -278,8 +279,8 @@ def test_admission_ahead_stays_bounded_under_a_closed_loop(tokenizer_512):
             most = 0
             # sampled: a request in the pipeline stays there for its 24 steps (10 ms each), so
             # no peak is shorter than a sample period
-            while not all(t.done() for t in tasks) or core.running:
-                most = max(most, core.running)
+            while not all(t.done() for t in tasks) or core.admission.running:
+                most = max(most, core.admission.running)
                 await asyncio.sleep(0.002)
             assert 2 < most <= 4, f"{most} requests in the pipeline at once"
             await _all_complete(tasks, 24)

@@ -10,7 +10,8 @@ import time
 import pytest
 import zmq
 
-from router.core import READ_BATCH, RouterCore
+from router.core import RouterCore
+from router.links import READ_BATCH
 from router.requests import NotReady, RequestParams
 from splitserve.tokenizers import load_tokenizer
 from tests.pipeline_util import make_config, pipeline, run, wait_for

@@ -47,7 +47,7 @@ class APIError(Exception):
 
     @classmethod
     def from_core(cls, exc: RequestError) -> APIError:
-        return cls(exc.status, str(exc), exc.kind, getattr(exc, "param", None))
+        return cls(exc.status, str(exc), exc.kind, exc.param, exc.code)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.kind, self.param, self.code)

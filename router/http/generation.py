@@ -16,9 +16,9 @@ from typing import Any
 
 from fastapi import Request
 
-from router.core import MAX_SEED
 from router.http.context import ServerContext
 from router.http.errors import APIError
+from router.params import MAX_SEED
 from router.requests import Delta, RequestHandle, RequestParams, Result
 from splitserve.protocol import FinishReason
 
@@ -68,14 +68,7 @@ class Generation:
     # ---- starting ----
     async def start(self, prompts: list[list[int]], n: int, params: RequestParams) -> None:
         """Submit n requests per prompt; raises APIError / RequestError (nothing left running)."""
-        if self.request_id in self.ctx.in_flight:
-            raise APIError(
-                400,
-                f"request id {self.request_id!r} is already in flight",
-                param="X-Request-Id",
-                code="duplicate_request_id",
-            )
-        self.ctx.in_flight.add(self.request_id)
+        self._core_ids = self.ctx.core.requests.claim(self.request_id, len(prompts) * n)
         self._registered = True
         self.prompt_tokens = sum(len(p) for p in prompts)
         self._watch = asyncio.create_task(self._watch_client(), name=f"watch-{self.request_id}")
@@ -94,7 +87,6 @@ class Generation:
             c.handle.deliver_to(partial(self._deliver, c))
 
     async def _submit_all(self, prompts: list[list[int]], n: int, params: RequestParams) -> None:
-        self._core_ids = self.ctx.core_ids.claim(self.request_id, len(prompts) * n)
         try:
             for p, prompt in enumerate(prompts):
                 for j in range(n):
@@ -103,7 +95,9 @@ class Generation:
                     choice_params = params
                     if params.seed is not None and j:  # n samples of one seed must differ
                         choice_params = replace(params, seed=(params.seed + j) % (MAX_SEED + 1))
-                    handle = await self.ctx.core.submit(prompt, choice_params, request_id=rid)
+                    handle = await self.ctx.core.submit(
+                        prompt, choice_params, request_id=rid, claimed=True
+                    )
                     self.choices.append(Choice(i, p, handle))
         except BaseException:
             self.abort()
@@ -162,7 +156,7 @@ class Generation:
     # ---- ending ----
     def abort(self) -> None:
         for c in self.choices:
-            c.handle.abort()
+            self.ctx.core.abort(c.handle)
 
     def close(self) -> None:
         """Abort what still runs and forget the request; safe to call twice."""
@@ -177,6 +171,5 @@ class Generation:
 
     def _forget(self) -> None:
         if self._registered:
-            self.ctx.in_flight.discard(self.request_id)
-            self.ctx.core_ids.release(self._core_ids)
+            self.ctx.core.requests.release(self.request_id, self._core_ids)
             self._registered = False

@@ -1,7 +1,8 @@
 """Bounds on what one HTTP request may ask for, so that no client input can exhaust the router.
 
 The body size is enforced here, while the body streams in (a declared Content-Length is refused
-before any of it is read); the per-field bounds are in schemas.py.
+before any of it is read); the bounds of the generation parameters are router/params.py's, which
+the schemas (schemas.py) and the core both read.
 """
 
 from __future__ import annotations
@@ -14,11 +15,6 @@ from router.http.errors import send_error
 MAX_BODY_BYTES = 8 << 20  # a long chat history is well under this; a prompt must fit the context
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # choices per request: prompts x n
-MAX_STOP = 16  # stop strings per request
-MAX_STOP_CHARS = 1024  # characters per stop string
-MAX_STOP_TOKEN_IDS = 64
-MAX_LOGPROBS = 20
-MAX_TOKENS = 1 << 20  # max_tokens beyond any context; the core clamps it to the context
 MAX_MESSAGES = 4096
 MAX_PROMPTS = MAX_CHOICES
 MAX_REQUEST_ID_CHARS = 128

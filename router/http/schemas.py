@@ -22,9 +22,10 @@ from pydantic import (
     field_validator,
 )
 
-from router.core import MAX_SEED
+from router import params
 from router.http import limits
 from router.http.errors import APIError, validation_error
+from router.params import BOUNDS
 from router.requests import RequestParams
 
 M = TypeVar("M", bound=BaseModel)
@@ -64,13 +65,14 @@ class SamplingRequest(StrictModel):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=limits.MAX_N)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, le=1 << 20)  # -1 and 0 both mean off
-    min_tokens: int = Field(0, ge=0, le=limits.MAX_TOKENS)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    temperature: float | None = Field(None, **BOUNDS["temperature"].pydantic())
+    top_p: float | None = Field(None, **BOUNDS["top_p"].pydantic())
+    # vLLM's -1 means off, as 0 does
+    top_k: int | None = Field(None, ge=-1, le=BOUNDS["top_k"].hi)
+    min_tokens: int = Field(0, **BOUNDS["min_tokens"].pydantic())
+    seed: int | None = Field(None, **BOUNDS["seed"].pydantic())
     stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = Field(None, max_length=limits.MAX_STOP_TOKEN_IDS)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=params.MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -86,10 +88,10 @@ class SamplingRequest(StrictModel):
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> list[str]:
         stops = [v] if isinstance(v, str) else list(v or [])
-        if len(stops) > limits.MAX_STOP:
-            raise ValueError(f"at most {limits.MAX_STOP} stop strings")
-        if any(not s or len(s) > limits.MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"stop strings must have 1-{limits.MAX_STOP_CHARS} characters")
+        if len(stops) > params.MAX_STOP:
+            raise ValueError(f"at most {params.MAX_STOP} stop strings")
+        if any(not s or len(s) > params.MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop strings must have 1-{params.MAX_STOP_CHARS} characters")
         return stops
 
     @field_validator("stream_options")
@@ -144,8 +146,8 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[TokenId] | list[TokenIds]
-    max_tokens: int | None = Field(16, ge=1, le=limits.MAX_TOKENS)
-    logprobs: int | None = Field(None, ge=0, le=limits.MAX_LOGPROBS)
+    max_tokens: int | None = Field(16, **BOUNDS["max_tokens"].pydantic())
+    logprobs: int | None = Field(None, ge=0, le=params.MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -229,10 +231,10 @@ class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=limits.MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(None, ge=1, le=limits.MAX_TOKENS)
-    max_tokens: int | None = Field(None, ge=1, le=limits.MAX_TOKENS)  # the older name
+    max_completion_tokens: int | None = Field(None, **BOUNDS["max_tokens"].pydantic())
+    max_tokens: int | None = Field(None, **BOUNDS["max_tokens"].pydantic())  # the older name
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=limits.MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=params.MAX_LOGPROBS)
     add_generation_prompt: bool = True
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -274,7 +276,7 @@ class GenerateRequestBody(SamplingRequest):
     prompt: str | None = None
     prompt_token_ids: list[TokenId] | None = Field(None, validate_default=True)
     add_special_tokens: bool = True
-    max_tokens: int = Field(16, ge=1, le=limits.MAX_TOKENS)
+    max_tokens: int = Field(16, **BOUNDS["max_tokens"].pydantic())
     logprobs: bool = False
 
     @field_validator("prompt_token_ids")

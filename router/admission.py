@@ -1,0 +1,151 @@
+"""Admission: how many requests the pipeline holds at once, and who waits for a place.
+
+Admitting more requests than decode has slots only prefills them early: their first token
+streams, then they sit at the decode worker (a long mid-stream pause) while their prefill took CPU
+from requests already decoding. So a request is admitted for a free slot, or for one about to
+free: one whose holder will have ended by the time the new request's prefill is done
+(may_admit_ahead). Beyond the limit requests queue, in order, up to max_queued and for at most
+queue_timeout_s; past either they are refused as overloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from router.requests import NotReady, Overloaded, RequestHandle
+from splitserve.config import RouterConfig
+
+# admission ahead with admit_ahead_tokens = "auto": decode steps per prefill until the workers
+# report their timings, and the most it is taken to be
+STEPS_PER_PREFILL_UNMEASURED = 4
+STEPS_PER_PREFILL_MAX = 64
+# prefills of slack in admission ahead: 2 measured no fuller batches (96-97%) and twice the
+# pause after the first token (p50 94 vs 50 ms; tiny-7m, 16 slots, c=128)
+AHEAD_SLACK_PREFILLS = 1
+
+
+class AdmissionController:
+    """Counts the requests in the pipeline (`running`) and queues the rest (`waiters`).
+
+    requests() lists the live requests (for the slots they hold); timings() gives the workers'
+    median prefill time and decode step gap in seconds (0 while unmeasured); on_reject(reason)
+    counts a refusal.
+    """
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        num_slots: int,
+        requests: Callable[[], Iterable[RequestHandle]],
+        timings: Callable[[], tuple[float, float]],
+        on_reject: Callable[[str], None],
+    ):
+        self.config = config
+        self.num_slots = num_slots
+        self.requests = requests
+        self.timings = timings
+        self.on_reject = on_reject
+        self.running = 0
+        self.waiters: deque[asyncio.Future] = deque()
+
+    async def acquire(self) -> None:
+        """Return holding a place in the pipeline; raises Overloaded (queue full, waited too
+        long) or NotReady (refused while queued, see refuse_waiters)."""
+        if self.running < self.limit() and not self.waiters:
+            self.running += 1
+            return
+        if len(self.waiters) >= self.config.max_queued:
+            self.on_reject("queue_full")
+            raise Overloaded(
+                f"{self.running} requests running and {len(self.waiters)} queued: try again later"
+            )
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.config.queue_timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release()  # granted just now: hand the place to the next waiter
+            elif not fut.done():
+                fut.cancel()
+            if isinstance(exc, TimeoutError):
+                self.on_reject("queue_timeout")
+                raise Overloaded("timed out waiting for a free slot: try again later") from None
+            raise
+        finally:
+            if fut in self.waiters:
+                self.waiters.remove(fut)
+
+    def release(self) -> None:
+        """Give a place back, and grant what the limit now allows."""
+        self.running -= 1
+        self.grant()
+
+    def grant(self) -> None:
+        """The longest waiters get admitted while the limit allows (call when it may have
+        moved: a place freed, or a request advanced)."""
+        while self.waiters and self.running < self.limit():
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self.running += 1  # counted at grant time, so no newcomer can take it first
+                fut.set_result(None)
+
+    def refuse_waiters(self, reason: str) -> None:
+        """Every queued request is refused with NotReady(reason) (the router shuts down)."""
+        for fut in list(self.waiters):
+            if not fut.done():
+                fut.set_exception(NotReady(reason))
+
+    def limit(self) -> int:
+        """Requests allowed in the pipeline now (never more than max_running): one per decode
+        slot, plus one more while a request admitted now would reach the decode worker about
+        when a slot frees for it."""
+        limit = self.config.max_running
+        if self.running < self.num_slots:
+            return min(limit, self.num_slots)
+        per_prefill = self.steps_per_prefill()
+        if per_prefill and self.may_admit_ahead(per_prefill):
+            return min(limit, self.running + 1)
+        return min(limit, self.running)
+
+    def steps_per_prefill(self) -> int:
+        """admit_ahead_tokens, or with "auto" the decode steps one prefill takes: the prefill
+        worker's median prefill over the decode worker's median step gap."""
+        setting = self.config.admit_ahead_tokens
+        if setting != "auto":
+            return int(setting)
+        prefill, step = self.timings()
+        if not prefill or not step:
+            return STEPS_PER_PREFILL_UNMEASURED
+        return max(1, min(STEPS_PER_PREFILL_MAX, math.ceil(prefill / step)))
+
+    def may_admit_ahead(self, per_prefill: int) -> bool:
+        """Whether one more request, admitted now while every slot is taken or promised, would
+        reach the decode worker about when a slot frees for it.
+
+        Requests that have a decoded token hold a slot. The others (in prefill, or prefilled
+        and waiting at the decode worker) take, in turn, the free slots and then the slots of
+        the holders with the fewest tokens left; with `running` admitted for `num_slots` slots,
+        the new one would take the k-th holder's, k = running - num_slots + 1. Prefills run one
+        after another: its own is done after those still queued, about (queued + 1) *
+        per_prefill decode steps from now. It is admitted if the slot frees by then, or at most
+        AHEAD_SLACK_PREFILLS prefills later: the slack keeps a slot from idling when a prefill
+        runs slow, at the price of a pause after the first token of that much. Counts on
+        max_tokens: a request that ends sooner (eos, a stop string) leaves its slot idle until
+        the next prefill is done."""
+        requests = list(self.requests())
+        holding = sorted(
+            h.params.max_tokens - h.completion_tokens
+            for h in requests
+            if h.completion_tokens >= 2  # the first comes from prefill; the second from a slot
+        )
+        k = self.running - self.num_slots + 1
+        if not 1 <= k <= len(holding):
+            return False
+        prefilled = sum(1 for h in requests if h.completion_tokens == 1)
+        # includes those granted admission but not submitted yet
+        in_prefill = self.running - len(holding) - prefilled
+        return holding[k - 1] <= (in_prefill + 1 + AHEAD_SLACK_PREFILLS) * per_prefill

@@ -1,0 +1,92 @@
+"""What the workers send the router, each message type to its handler.
+
+- TextBatch (detok workers): each delta goes to its request's handle; a delta that carries a
+  finish reason ends the request. Late output of a request that already ended is dropped.
+- Ready / Heartbeat (every worker): the worker table learns who is ready, alive and how loaded;
+  a worker seen with a new pid restarted, and what depended on it is lost.
+- RequestFailed (any worker): those requests end with an error that names the worker's reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from router.liveness import EndRequest
+from router.metrics import RouterMetrics
+from router.request_table import RequestTable
+from router.requests import Delta
+from router.workers import WorkerState, WorkerTable
+from splitserve.protocol import (
+    FinishReason,
+    Heartbeat,
+    Ready,
+    RequestFailed,
+    TextBatch,
+    TransportCounters,
+)
+
+log = logging.getLogger(__name__)
+
+
+class MessageDispatch:
+    def __init__(
+        self,
+        requests: RequestTable,
+        workers: WorkerTable,
+        metrics: RouterMetrics,
+        counters: TransportCounters,
+        end: EndRequest,
+        requests_moved: Callable[[], None],
+        worker_lost: Callable[[WorkerState], None],
+        workers_changed: Callable[[], None],
+    ):
+        self.requests = requests
+        self.workers = workers
+        self.metrics = metrics
+        self.counters = counters
+        self.end = end
+        self.requests_moved = requests_moved
+        self.worker_lost = worker_lost
+        self.workers_changed = workers_changed
+        self.handlers: dict[type, Callable[[Any], None]] = {
+            TextBatch: self.text_batch,
+            Ready: self.worker_status,
+            Heartbeat: self.worker_status,
+            RequestFailed: self.request_failed,
+        }
+
+    def __call__(self, msg: Any) -> None:
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            self.counters.malformed += 1
+            log.warning("router: unexpected %s", type(msg).__name__)
+            return
+        handler(msg)
+
+    def text_batch(self, msg: TextBatch) -> None:
+        now = time.monotonic()
+        for d in msg.deltas:
+            handle = self.requests.get(d.request_id)
+            if handle is None:
+                continue  # already ended here (aborted, failed): late output is dropped
+            previous = handle.first_token_at and handle.last_progress
+            handle.push(Delta(d.text, d.token_ids, d.logprobs))
+            self.metrics.delta(handle, len(d.token_ids), now, previous)
+            if d.finish_reason:
+                self.end(handle, d.finish_reason, "")
+        self.requests_moved()
+
+    def worker_status(self, msg: Ready | Heartbeat) -> None:
+        worker, lost = self.workers.observe(msg)
+        if worker is not None and lost:
+            self.worker_lost(worker)
+        self.workers_changed()
+
+    def request_failed(self, msg: RequestFailed) -> None:
+        for rid in msg.request_ids:
+            handle = self.requests.get(rid)
+            if handle is not None:
+                self.end(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}")
