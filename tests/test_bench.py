@@ -22,26 +22,12 @@ from splitserve.bench.__main__ import main as bench_main
 from splitserve.bench.client import RequestResult, _event
 from splitserve.bench.load import LoadSpec, run_load
 from splitserve.bench.prompts import PromptFactory
-from splitserve.bench.stats import distribution, histogram_quantile, percentile, summarize
+from splitserve.bench.stats import distribution, histogram_quantile, summarize
 from splitserve.config import config_from_dict
 from splitserve.launcher import ProcessStack
 from splitserve.tokenizers import load_tokenizer
 
 # -- statistics ------------------------------------------------------------------------------
-
-
-def test_percentile_interpolates_between_ranks():
-    data = list(range(1, 101))  # 1..100, shuffled order must not matter
-    shuffled = data[::2] + data[1::2]
-    assert percentile(shuffled, 0.5) == pytest.approx(50.5)
-    assert percentile(shuffled, 0.9) == pytest.approx(90.1)
-    assert percentile(shuffled, 0.99) == pytest.approx(99.01)
-    assert percentile(shuffled, 0.0) == 1 and percentile(shuffled, 1.0) == 100
-    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
-    assert percentile([7.0], 0.99) == 7.0
-    assert math.isnan(percentile([], 0.5))
-    with pytest.raises(ValueError):
-        percentile([1.0], 1.5)
 
 
 def test_distribution_figures():

@@ -19,19 +19,15 @@ import time
 import numpy as np
 
 from splitserve.engine.interface import Engine, SamplingParams
+from splitserve.stats import quantiles
 
 
 def _summary(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    p50, p10, p90, p99 = quantiles(times, (0.5, 0.1, 0.9, 0.99))
     return {
-        "p50": statistics.median(ordered),
-        "p10": pick(0.10),
-        "p90": pick(0.90),
-        "p99": pick(0.99),
-        "min": ordered[0],
-        "mean": statistics.fmean(ordered),
-    }
+        "p50": p50, "p10": p10, "p90": p90, "p99": p99,
+        "min": min(times), "mean": statistics.fmean(times),
+    }  # fmt: skip
 
 
 def _prompt(n: int, vocab: int, seed: int) -> list[int]:
