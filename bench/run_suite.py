@@ -44,7 +44,7 @@ sys.path.insert(0, REPO)
 
 from splitserve import tomlwrite  # noqa: E402
 from splitserve.bench import plots, report  # noqa: E402
-from splitserve.bench.ceiling_process import (  # noqa: E402
+from splitserve.bench.ceiling.process import (  # noqa: E402
     CeilingProcess,
     CeilingProcessError,
     pin_to,

@@ -304,6 +304,19 @@ def test_ceiling_with_the_fake_engine(tmp_path):
     assert 0 < c["step_s"]["p50"] and c["prefill_s"]["p50"] > 0
 
 
+def test_ceiling_times_prefill_after_idle_and_records_sampling_when_asked(tmp_path, capsys):
+    out = tmp_path / "ceiling.json"
+    rc = bench_main(["--ceiling", "--engine", "fake", "--slots", "2", "--context", "20",
+                     "--steps", "5", "--prompt-tokens", "8", "--max-seq-len", "64",
+                     "--vocab-size", "512", "--prefill-idle-ms", "1", "--temperature", "0.7",
+                     "--top-k", "5", "--out-json", str(out)])  # fmt: skip
+    assert rc == 0
+    c = json.loads(out.read_text())
+    assert c["prefill_idle_s"] == 0.001 and c["prefill_after_idle_s"]["min"] > 0
+    assert c["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 5}
+    assert "after 1 ms idle" in capsys.readouterr().out
+
+
 def test_ceiling_probe_measures_once_per_line_until_stdin_ends():
     cmd = [sys.executable, "-m", "splitserve.bench", "--ceiling", "--probe", "--engine", "fake",
            "--slots", "4", "--context", "40", "--steps", "10", "--prompt-tokens", "16",
@@ -318,7 +331,7 @@ def test_ceiling_probe_measures_once_per_line_until_stdin_ends():
 
 
 def test_ceiling_process_reports_a_child_that_cannot_measure(tmp_path):
-    from splitserve.bench.ceiling_process import CeilingProcess, CeilingProcessError
+    from splitserve.bench.ceiling.process import CeilingProcess, CeilingProcessError
 
     args = ["--engine", "fake", "--slots", "2", "--context", "64", "--max-seq-len", "32"]
     with open(tmp_path / "ceiling.log", "wb") as log, CeilingProcess(args, log) as child:
