@@ -7,14 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
-import httpx
 import pytest
 
 from splitserve.bench import scrape
@@ -23,9 +20,8 @@ from splitserve.bench.client import RequestResult, _event
 from splitserve.bench.load import LoadSpec, run_load
 from splitserve.bench.prompts import PromptFactory
 from splitserve.bench.stats import distribution, histogram_quantile, summarize
-from splitserve.config import config_from_dict
-from splitserve.launcher import ProcessStack
 from splitserve.tokenizers import load_tokenizer
+from tests.http_stack import free_port, http_stack
 
 # -- statistics ------------------------------------------------------------------------------
 
@@ -184,41 +180,11 @@ def test_prompts_are_sized_exactly_with_a_tokenizer(tokenizer_512):
 # -- end to end --------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def fake_stack(tokenizer_512):
     """A whole processes-mode stack with the fake engine, on a free port; always stopped."""
-    port = _free_port()
-    run_dir = tempfile.mkdtemp(prefix="ss-bench-")
-    config = config_from_dict({
-        "model": {"engine": "fake", "tokenizer": tokenizer_512, "num_slots": 8,
-                  "max_seq_len": 512},
-        "cluster": {"mode": "processes", "detok_workers": 2, "run_dir": run_dir},
-        "router": {"port": port},
-        "lifecycle": {"heartbeat_interval_s": 0.1, "liveness_timeout_s": 1.0},
-    })  # fmt: skip
-    stack = ProcessStack(config, log_dir=f"{run_dir}/logs")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        stack.start()
-        deadline = time.monotonic() + 60
-        while True:
-            assert not stack.dead(), f"a role exited; logs in {run_dir}/logs"
-            assert time.monotonic() < deadline, f"stack not ready in 60 s; logs in {run_dir}/logs"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url
-    finally:
-        stack.stop(timeout_s=15)
+    with http_stack(tokenizer_512) as stack:
+        yield stack.url
 
 
 def test_bench_reports_against_a_fake_stack(fake_stack, tokenizer_512, tmp_path):
@@ -288,7 +254,7 @@ def test_bench_with_output_spread_against_a_fake_stack(fake_stack, tokenizer_512
 
 
 def test_bench_fails_clearly_without_a_server(capsys):
-    rc = bench_main(["--url", f"http://127.0.0.1:{_free_port()}", "--no-progress"])
+    rc = bench_main(["--url", f"http://127.0.0.1:{free_port()}", "--no-progress"])
     assert rc == 2
     assert "no server at" in capsys.readouterr().err
 

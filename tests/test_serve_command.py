@@ -134,7 +134,7 @@ def test_sigterm_lets_running_requests_finish(tokenizer_512, tmp_path):
 
 def test_launcher_pins_roles_to_their_cpus(tokenizer_512):
     """[hosts.<name>.cpus] (ProcessStack cpus=...) pins a role's process to its CPUs."""
-    from splitserve.launcher import ProcessStack
+    from splitserve.launch.processes import ProcessStack
     from tests.pipeline_util import make_config
 
     config = make_config(tokenizer_512)
