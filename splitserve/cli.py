@@ -57,8 +57,7 @@ def serve(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     stop = StopSignals().install()
-    cpus = {role: list(cs) for role, cs in config.cpus.items()}
-    stack = ProcessStack(config, cpus=cpus)  # in threads mode one process runs every role
+    stack = ProcessStack(config)  # in threads mode one process runs every role
     stack.start()
     host, port = config.router.host, config.router.port
     print(f"splitserve: starting {config.mode} stack, model {config.model.path!r} ...", flush=True)

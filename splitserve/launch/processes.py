@@ -52,7 +52,8 @@ class ProcessStack:
         self.roles = tuple(stack_roles(config) if roles is None else roles)
         self.env = dict(os.environ if env is None else env)
         self.log_dir = log_dir
-        self.cpus = cpus or {}
+        # role -> CPUs its processes are pinned to (default: the config's [cluster.cpus])
+        self.cpus = {r: list(cs) for r, cs in (config.cpus if cpus is None else cpus).items()}
         self.config_path = config_path or write_config(config)
         self.children: dict[tuple[str, int], Child] = {}
 
