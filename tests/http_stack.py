@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,15 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from splitserve.config import ClusterConfig
 from splitserve.launch.health import every_worker_ready, wait_ready
 from splitserve.launch.pipeline import fake_engine_config
+from splitserve.launch.ports import free_port
 from splitserve.launch.processes import ProcessStack
 
 HTTP_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

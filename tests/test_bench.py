@@ -20,8 +20,9 @@ from splitserve.bench.client import RequestResult, _event
 from splitserve.bench.load import LoadSpec, run_load
 from splitserve.bench.prompts import PromptFactory
 from splitserve.bench.stats import distribution, histogram_quantile, summarize
+from splitserve.launch.ports import free_port
 from splitserve.tokenizers import load_tokenizer
-from tests.http_stack import free_port, http_stack
+from tests.http_stack import http_stack
 
 # -- statistics ------------------------------------------------------------------------------
 

@@ -17,10 +17,10 @@ import pytest
 
 from splitserve.launch.health import StackNotReady, wait_ready
 from splitserve.launch.pipeline import fake_engine_config
+from splitserve.launch.ports import free_port
 from splitserve.launch.processes import ProcessStack
 from splitserve.launch.roles import role_module, stack_roles, write_config
 from splitserve.launch.supervise import RestartWithBackoff, StopAll, supervise
-from tests.http_stack import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

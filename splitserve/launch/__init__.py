@@ -9,5 +9,6 @@ serve` (cli.py), `deploy/launch.sh` (hostlaunch.py), the benchmark suite and the
 - health.py: readiness over the router's /health, waited for with a deadline.
 - supervise.py: the supervision loop: on a role's exit stop everything, or restart it with a
   back-off; a signal ends the loop so the stack drains.
+- ports.py: a free loopback port for a local stack's router.
 - pipeline.py: worker roles plus a RouterCore on the caller's event loop (measurements, tests).
 """

@@ -62,16 +62,9 @@ class CeilingProbe:
         t0 = time.perf_counter()
         self.engine = build_engine(config, s.vocab_size)
         self.options = s
-        self.settings: dict[str, Any] = {
-            "model": s.model,
-            "engine": s.engine,
-            "slots": s.slots,
-            "context": s.context,
-            "steps": s.steps,
-            "prompt_tokens": s.prompt_tokens,
-            "max_seq_len": s.max_seq_len,
-            "build_s": time.perf_counter() - t0,
-        }
+        recorded = ("model", "engine", "slots", "context", "steps", "prompt_tokens", "max_seq_len")
+        self.settings: dict[str, Any] = {k: getattr(s, k) for k in recorded}
+        self.settings["build_s"] = time.perf_counter() - t0
         if s.sampling != SamplingParams():
             self.settings["sampling"] = {"temperature": s.sampling.temperature,
                                          "top_p": s.sampling.top_p, "top_k": s.sampling.top_k}

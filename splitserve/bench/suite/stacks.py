@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import tempfile
 import time
 from typing import Any
@@ -14,16 +13,11 @@ from splitserve.bench.suite.cpus import Cpus
 from splitserve.bench.suite.sections import Section
 from splitserve.config import config_from_dict
 from splitserve.launch.health import StackNotReady, health_url, wait_ready
+from splitserve.launch.ports import free_port
 from splitserve.launch.processes import ProcessStack
 from splitserve.launch.roles import write_config
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SuiteStack:
