@@ -20,15 +20,15 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from router.requests import RequestParams  # noqa: E402
+from splitserve.launch.pipeline import fake_engine_config, pipeline  # noqa: E402
 from splitserve.tokenizers import load_tokenizer  # noqa: E402
 from splitserve.tokenizers.synthetic import build_synthetic_tokenizer  # noqa: E402
-from tests.pipeline_util import make_config, pipeline  # noqa: E402
 
 
 async def measure(args) -> dict:
     tok_path = build_synthetic_tokenizer(os.path.join(tempfile.gettempdir(), "ss-tok-8000"), 8000)
     tok = load_tokenizer(tok_path)
-    config = make_config(
+    config = fake_engine_config(
         tok_path,
         args.mode,
         model={"num_slots": args.slots, "max_seq_len": 4096},

@@ -14,8 +14,9 @@ A request's path through this process (one asyncio event loop serves HTTP and th
  6. On SIGTERM the core stops admitting, running requests finish for up to
     lifecycle.drain_timeout_s, and the process exits; a second signal exits at once.
 
-In threads mode (cluster.mode = "threads") this one process also runs every worker role as a
-thread (ThreadStack), over inproc sockets of the context it shares with the core.
+In threads mode (cluster.mode = "threads") the launcher runs this process's serve() beside every
+worker role as a thread (`python -m splitserve.launch.threads_main`), handing it the zmq context
+of their inproc sockets.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ import sys
 
 import uvicorn
 import uvloop
+import zmq
 
 from router.core import RouterCore
 from router.http import build_app
 from splitserve.config import ClusterConfig, load_config
-from splitserve.launcher import ThreadStack
 from splitserve.procutil import die_with_parent, freeze_startup_objects, pin_cpus
 from splitserve.role_main import configure_logging
 from splitserve.tokenizer_path import tokenizer_path
@@ -81,11 +82,11 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-async def serve(config: ClusterConfig, tokenizer: Tokenizer) -> None:
-    stack = ThreadStack(config).start() if config.mode == "threads" else None
-    core = RouterCore(
-        config, tokenizer.vocab_size, tokenizer.eos_ids, ctx=stack.ctx if stack else None
-    )
+async def serve(
+    config: ClusterConfig, tokenizer: Tokenizer, ctx: zmq.Context | None = None
+) -> None:
+    """ctx: the zmq context to share (threads mode: the worker threads'); else one of its own."""
+    core = RouterCore(config, tokenizer.vocab_size, tokenizer.eos_ids, ctx=ctx)
     try:
         await core.start()
         app = build_app(core, tokenizer, config)
@@ -111,11 +112,10 @@ async def serve(config: ClusterConfig, tokenizer: Tokenizer) -> None:
             raise RuntimeError(f"could not serve HTTP on {r.host}:{r.port}")
     finally:
         await core.close()
-        if stack is not None:
-            stack.stop(timeout_s=10)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, serve_fn=serve) -> int:
+    """serve_fn(config, tokenizer): the coroutine that serves; threads mode's starts the workers."""
     p = argparse.ArgumentParser(prog="python -m router", description="splitserve router")
     p.add_argument("--config", required=True, help="cluster TOML file")
     p.add_argument("--index", type=int, default=0, help="accepted for the launcher; one router")
@@ -130,11 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         log.error("cannot start: %s", exc)
         return 2
+    if config.mode == "threads" and serve_fn is serve:
+        log.error("cluster.mode is 'threads': start it with `splitserve serve` (or `python -m "
+                  "splitserve.launch.threads_main`), which runs the workers beside the router")
+        return 2
     try:
         # uvloop: the router's event loop carries every HTTP stream and every zmq message, and
         # uvloop runs that loop at a fraction of the default loop's cost per callback.
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(config, tokenizer))
+            runner.run(serve_fn(config, tokenizer))
     except Exception:
         log.exception("fatal error; exiting so that the supervisor restarts the router")
         return 1

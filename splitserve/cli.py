@@ -13,11 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import time
-import urllib.error
-import urllib.request
 
 from splitserve.config import load_config
 
@@ -54,51 +50,25 @@ def config_from_args(args: argparse.Namespace):
     )
 
 
-def wait_healthy(url: str, timeout_s: float, alive=lambda: True) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive():
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    return False
-
-
 def serve(args: argparse.Namespace) -> int:
-    from splitserve.launcher import ProcessStack
+    from splitserve.launch.health import StackNotReady, health_url, wait_ready
+    from splitserve.launch.processes import ProcessStack
+    from splitserve.launch.supervise import StopAll, StopSignals, supervise
 
     config = config_from_args(args)
-    stop = {"signal": None}
-
-    def on_signal(signum, _frame):
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    if config.mode == "threads":
-        roles = ("router",)  # the router process runs every role as a thread
-    else:
-        roles = ("prefill", "decode", "detok", "router")
-    cpus = {role: list(cs) for role, cs in config.cpus.items()}
-    stack = ProcessStack(config, roles=roles, cpus=cpus)
+    stop = StopSignals().install()
+    stack = ProcessStack(config)  # in threads mode one process runs every role
     stack.start()
     host, port = config.router.host, config.router.port
     print(f"splitserve: starting {config.mode} stack, model {config.model.path!r} ...", flush=True)
     try:
-        ok = wait_healthy(
-            f"http://{host}:{port}/health",
-            args.ready_timeout,
-            alive=lambda: not stack.dead() and stop["signal"] is None,
-        )
-        if not ok:
-            if stop["signal"] is None:
-                dead = ", ".join(c.name for c in stack.dead()) or "none"
-                print(f"splitserve: the stack did not become ready (exited: {dead})", flush=True)
-                return 1
-            return 0
+        try:
+            if not wait_ready(health_url(config), args.ready_timeout, stack=stack, stop=stop.event):
+                return 0
+        except StackNotReady as exc:
+            exited = ", ".join(exc.exited) or "none"
+            print(f"splitserve: the stack did not become ready (exited: {exited})", flush=True)
+            return 1
         print(
             f"splitserve: ready on http://{host}:{port}\n"
             f"  curl http://{host}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
@@ -106,12 +76,10 @@ def serve(args: argparse.Namespace) -> int:
             """"temperature": 0}'""",
             flush=True,
         )
-        while stop["signal"] is None:
-            dead = stack.dead()
-            if dead:
-                print(f"splitserve: {dead[0].name} exited; stopping", flush=True)
-                return 1
-            time.sleep(0.2)
+        exited = supervise(stack, StopAll(), stop.event)
+        if exited is not None:
+            print(f"splitserve: {exited.name} exited; stopping", flush=True)
+            return 1
         return 0
     finally:
         print("splitserve: stopping ...", flush=True)

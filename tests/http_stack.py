@@ -1,11 +1,11 @@
 """Helpers for the HTTP tests: a whole stack (worker processes and the router process) on a free
-port, with the fake engine, ready when /health says 200, always stopped afterwards."""
+port, with the fake engine, ready when /health says 200 with every worker ready, always stopped
+afterwards. Starting, waiting and stopping are the launcher's (splitserve.launch)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,16 +16,12 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from splitserve.config import ClusterConfig
-from splitserve.launcher import ProcessStack
-from tests.pipeline_util import make_config
+from splitserve.launch.health import every_worker_ready, wait_ready
+from splitserve.launch.pipeline import fake_engine_config
+from splitserve.launch.ports import free_port
+from splitserve.launch.processes import ProcessStack
 
 HTTP_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -66,9 +62,8 @@ def http_stack(tokenizer: str, mode: str = "processes", ready_s: float = 60.0, *
     """mode "processes": each role its own process; "threads": one router process runs all."""
     port = free_port()
     sections["router"] = {"port": port, **sections.get("router", {})}
-    config = make_config(tokenizer, mode, **sections)
-    roles = ("prefill", "decode", "detok", "router") if mode == "processes" else ("router",)
-    stack = ProcessStack(config, roles=roles, log_dir=f"{config.run_dir}/logs")
+    config = fake_engine_config(tokenizer, mode, **sections)
+    stack = ProcessStack(config, log_dir=f"{config.run_dir}/logs")
     url = f"http://127.0.0.1:{port}"
     try:
         stack.start()
@@ -79,18 +74,9 @@ def http_stack(tokenizer: str, mode: str = "processes", ready_s: float = 60.0, *
 
 
 def wait_healthy(url: str, timeout_s: float, stack: ProcessStack | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if stack is not None and stack.dead():
-            names = ", ".join(c.name for c in stack.dead())
-            raise AssertionError(f"{names} exited before the stack was ready")
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            r = httpx.get(f"{url}/health", timeout=2)
-            # 200 means a full pipeline; tests also want every detok worker on the ring
-            if r.status_code == 200 and all(w["state"] == "ready" for w in r.json()["workers"]):
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"{url}/health not 200 within {timeout_s} s")
+    """/health 200 with every worker ready (tests want every detok worker on the ring); a role
+    of `stack` that exits first fails at once."""
+    wait_ready(f"{url}/health", timeout_s, every_worker_ready, stack=stack)
 
 
 def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.05) -> None:

@@ -7,14 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
-import httpx
 import pytest
 
 from splitserve.bench import scrape
@@ -22,26 +19,12 @@ from splitserve.bench.__main__ import main as bench_main
 from splitserve.bench.client import RequestResult, _event
 from splitserve.bench.load import LoadSpec, run_load
 from splitserve.bench.prompts import PromptFactory
-from splitserve.bench.stats import distribution, histogram_quantile, percentile, summarize
-from splitserve.config import config_from_dict
-from splitserve.launcher import ProcessStack
+from splitserve.bench.stats import distribution, histogram_quantile, summarize
+from splitserve.launch.ports import free_port
 from splitserve.tokenizers import load_tokenizer
+from tests.http_stack import http_stack
 
 # -- statistics ------------------------------------------------------------------------------
-
-
-def test_percentile_interpolates_between_ranks():
-    data = list(range(1, 101))  # 1..100, shuffled order must not matter
-    shuffled = data[::2] + data[1::2]
-    assert percentile(shuffled, 0.5) == pytest.approx(50.5)
-    assert percentile(shuffled, 0.9) == pytest.approx(90.1)
-    assert percentile(shuffled, 0.99) == pytest.approx(99.01)
-    assert percentile(shuffled, 0.0) == 1 and percentile(shuffled, 1.0) == 100
-    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
-    assert percentile([7.0], 0.99) == 7.0
-    assert math.isnan(percentile([], 0.5))
-    with pytest.raises(ValueError):
-        percentile([1.0], 1.5)
 
 
 def test_distribution_figures():
@@ -198,41 +181,11 @@ def test_prompts_are_sized_exactly_with_a_tokenizer(tokenizer_512):
 # -- end to end --------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def fake_stack(tokenizer_512):
     """A whole processes-mode stack with the fake engine, on a free port; always stopped."""
-    port = _free_port()
-    run_dir = tempfile.mkdtemp(prefix="ss-bench-")
-    config = config_from_dict({
-        "model": {"engine": "fake", "tokenizer": tokenizer_512, "num_slots": 8,
-                  "max_seq_len": 512},
-        "cluster": {"mode": "processes", "detok_workers": 2, "run_dir": run_dir},
-        "router": {"port": port},
-        "lifecycle": {"heartbeat_interval_s": 0.1, "liveness_timeout_s": 1.0},
-    })  # fmt: skip
-    stack = ProcessStack(config, log_dir=f"{run_dir}/logs")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        stack.start()
-        deadline = time.monotonic() + 60
-        while True:
-            assert not stack.dead(), f"a role exited; logs in {run_dir}/logs"
-            assert time.monotonic() < deadline, f"stack not ready in 60 s; logs in {run_dir}/logs"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url
-    finally:
-        stack.stop(timeout_s=15)
+    with http_stack(tokenizer_512) as stack:
+        yield stack.url
 
 
 def test_bench_reports_against_a_fake_stack(fake_stack, tokenizer_512, tmp_path):
@@ -302,7 +255,7 @@ def test_bench_with_output_spread_against_a_fake_stack(fake_stack, tokenizer_512
 
 
 def test_bench_fails_clearly_without_a_server(capsys):
-    rc = bench_main(["--url", f"http://127.0.0.1:{_free_port()}", "--no-progress"])
+    rc = bench_main(["--url", f"http://127.0.0.1:{free_port()}", "--no-progress"])
     assert rc == 2
     assert "no server at" in capsys.readouterr().err
 
@@ -316,6 +269,19 @@ def test_ceiling_with_the_fake_engine(tmp_path):
     c = json.loads(out.read_text())
     assert c["slots"] == 4 and c["tokens_per_s"] > 0
     assert 0 < c["step_s"]["p50"] and c["prefill_s"]["p50"] > 0
+
+
+def test_ceiling_times_prefill_after_idle_and_records_sampling_when_asked(tmp_path, capsys):
+    out = tmp_path / "ceiling.json"
+    rc = bench_main(["--ceiling", "--engine", "fake", "--slots", "2", "--context", "20",
+                     "--steps", "5", "--prompt-tokens", "8", "--max-seq-len", "64",
+                     "--vocab-size", "512", "--prefill-idle-ms", "1", "--temperature", "0.7",
+                     "--top-k", "5", "--out-json", str(out)])  # fmt: skip
+    assert rc == 0
+    c = json.loads(out.read_text())
+    assert c["prefill_idle_s"] == 0.001 and c["prefill_after_idle_s"]["min"] > 0
+    assert c["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 5}
+    assert "after 1 ms idle" in capsys.readouterr().out
 
 
 def test_ceiling_probe_measures_once_per_line_until_stdin_ends():
@@ -332,7 +298,7 @@ def test_ceiling_probe_measures_once_per_line_until_stdin_ends():
 
 
 def test_ceiling_process_reports_a_child_that_cannot_measure(tmp_path):
-    from splitserve.bench.ceiling_process import CeilingProcess, CeilingProcessError
+    from splitserve.bench.ceiling.process import CeilingProcess, CeilingProcessError
 
     args = ["--engine", "fake", "--slots", "2", "--context", "64", "--max-seq-len", "32"]
     with open(tmp_path / "ceiling.log", "wb") as log, CeilingProcess(args, log) as child:

@@ -150,7 +150,7 @@ def test_bad_requests_are_value_errors(engine):
 
 
 def test_ceiling_measures_the_step_and_prefill(engine):
-    from splitserve.engine.ceiling import measure_decode_ceiling, measure_prefill
+    from splitserve.bench.ceiling.measure import measure_decode_ceiling, measure_prefill
 
     decode = measure_decode_ceiling(engine, context_len=20, steps=12, refill_every=5)
     assert decode["step_s"]["p50"] > 0 and decode["tokens_per_s"] > 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,11 +13,7 @@ import urllib.request
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from splitserve.launch.ports import free_port
 
 
 def children_of(pid: int) -> set[int]:
@@ -134,7 +129,7 @@ def test_sigterm_lets_running_requests_finish(tokenizer_512, tmp_path):
 
 def test_launcher_pins_roles_to_their_cpus(tokenizer_512):
     """[hosts.<name>.cpus] (ProcessStack cpus=...) pins a role's process to its CPUs."""
-    from splitserve.launcher import ProcessStack
+    from splitserve.launch.processes import ProcessStack
     from tests.pipeline_util import make_config
 
     config = make_config(tokenizer_512)

@@ -17,8 +17,9 @@ import urllib.request
 
 import pytest
 
+from splitserve.launch.ports import free_port
 from tests.sse_client import stream_completion
-from tests.test_serve_command import free_port, pid_alive
+from tests.test_serve_command import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from tokenizer_cases import BUILDERS, TEXTS, get_tokenizer, missing_bytes, stream
 from tokenizers import Regex, pre_tokenizers
 
+from splitserve.gguf_header import read_metadata as read_gguf_metadata
 from splitserve.tokenizers import ChatTemplateError, NoChatTemplateError, load_tokenizer
 from splitserve.tokenizers.chat_template import ChatTemplate
-from splitserve.tokenizers.gguf_tokenizer import read_gguf_metadata
 from splitserve.tokenizers.hf_tokenizer import HFTokenizer, byte_level_alphabet
 from splitserve.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
 from splitserve.tokenizers.synthetic import build_synthetic_tokenizer

@@ -6,9 +6,10 @@ One idea per module:
 - client.py: one streaming /v1/completions request over a raw asyncio HTTP/1.1 connection,
   timed per chunk (a lean client, so the load generator is not the bottleneck on few cores).
 - load.py: fixed concurrency or Poisson arrivals at a fixed rate.
-- stats.py: percentiles and the per-run summary (throughput, TTFT, ITL, TPOT, end-to-end).
+- stats.py: the per-run summary (throughput, TTFT, ITL, TPOT, end-to-end).
 - scrape.py: the server's /metrics before and after a run: decode step gap and step time.
-- ceiling.py: `--ceiling`, the engine alone at a slot count and context length.
+- ceiling/: `--ceiling`, the engine alone at a slot count and context length (the one home
+  of the ceiling: its measurement, the probe, the child process a suite keeps up).
 - report.py, plots.py: JSON, a Markdown table, PNG plots.
 - runner.py: one benchmark (several loads) end to end; what `__main__` and the suite call.
 """

@@ -15,6 +15,7 @@ import os
 import sys
 
 from splitserve.bench import plots, report
+from splitserve.bench.ceiling.command import add_ceiling_args, ceiling_main
 from splitserve.bench.runner import BenchSettings, compare_to_ceiling, run_benchmark
 
 
@@ -59,46 +60,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out-md")
     p.add_argument("--plot-dir")
     p.add_argument("--title", default="splitserve benchmark")
-    g = p.add_argument_group("--ceiling: the engine alone")
-    g.add_argument("--ceiling", action="store_true")
-    g.add_argument("--probe", action="store_true",
-                   help="build once, then measure again for each line read from stdin, one JSON "
-                        "line each (a suite measures the ceiling between its loads this way)")
-    g.add_argument("--engine", choices=["jax", "fake"], default="jax")
-    g.add_argument("--slots", type=int, default=16)
-    g.add_argument("--context", type=int, default=160, help="attended length per slot")
-    g.add_argument("--steps", type=int, default=200)
-    g.add_argument("--max-seq-len", type=int, default=2048, help="as the server's")
-    g.add_argument("--vocab-size", type=int, default=8000, help="fake engine only")
-    g.add_argument("--compile-cache", default=os.path.join(
-        os.path.expanduser("~"), ".cache", "splitserve", "jax"))  # fmt: skip
+    add_ceiling_args(p)
     return p
-
-
-def ceiling_main(args: argparse.Namespace) -> int:
-    from splitserve.bench.ceiling import CeilingProbe
-
-    probe = CeilingProbe(
-        model=args.model or "default",
-        slots=args.slots,
-        context=args.context,
-        steps=args.steps,
-        prompt_tokens=args.prompt_tokens,
-        max_seq_len=args.max_seq_len,
-        engine=args.engine,
-        vocab_size=args.vocab_size,
-        compile_cache_dir=args.compile_cache,
-    )
-    if args.probe:
-        probe.serve(sys.stdin, sys.stdout)
-        return 0
-    result = probe.measure()
-    print(report.ceiling_table([result]))
-    if args.out_json:
-        report.write_json(result, args.out_json)
-    if args.out_md:
-        report.write_markdown("# Engine ceiling\n\n" + report.ceiling_table([result]), args.out_md)
-    return 0
 
 
 def load_main(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
-"""Percentiles and the figures of one run, computed from per-request results.
+"""The figures of one run, computed from per-request results.
 
-Percentiles interpolate linearly between closest ranks (numpy's default), so p50 of [1, 2, 3, 4]
-is 2.5. Latencies are in seconds throughout; reports convert to milliseconds.
+Quantiles are splitserve.stats.quantiles' (linear between closest ranks, as the workers' own):
+p50 of [1, 2, 3, 4] is 2.5. Latencies are in seconds throughout; reports convert to milliseconds.
 """
 
 from __future__ import annotations
@@ -10,28 +10,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from splitserve.stats import quantiles
+
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-quantile (0 <= q <= 1) by linear interpolation; NaN for no values."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} outside [0, 1]")
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = q * (len(ordered) - 1)
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
 def distribution(values: Sequence[float]) -> dict[str, float]:
     """count, mean, p50, p90, p99, max (NaN figures, count 0, when there are no values)."""
     out: dict[str, float] = {"count": len(values)}
     out["mean"] = sum(values) / len(values) if values else math.nan
-    for name, q in QUANTILES:
-        out[name] = percentile(values, q)
+    figures = quantiles(values, [q for _, q in QUANTILES])
+    out.update((name, x) for (name, _), x in zip(QUANTILES, figures, strict=True))
     out["max"] = max(values) if values else math.nan
     return out
 

@@ -1,7 +1,7 @@
 """Load a llama-architecture GGUF file into canonical weights (see llama_model).
 
-The header is read by a small parser here (metadata scalars and the tensor table; the
-tokenizer's arrays are skipped, see read_gguf); tensor data is memory-mapped. Quantized
+The header is read by splitserve.gguf_header (metadata scalars and the tensor table; the
+tokenizer's arrays are skipped); tensor data is memory-mapped. Quantized
 tensors (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) are dequantized to float32 once at
 load time by `gguf.quants.dequantize`: the engine computes in float32 on CPU, where a
 fused dequantize-matmul would not pay for itself at these model sizes.
@@ -13,91 +13,27 @@ We undo that permutation here so one model implementation serves every weight so
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
-from gguf.constants import GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize, quant_shape_to_byte_shape
 
 from splitserve.engine.llama_config import LlamaConfig
-
-_SCALARS = {  # GGUF value type -> struct format (little-endian)
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
-    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
-}
-
-
-class _Cursor:
-    """Reads GGUF's little-endian header fields from a memory map."""
-
-    def __init__(self, buf) -> None:
-        self.buf, self.at = buf, 0
-
-    def scalar(self, fmt: str):
-        (value,) = struct.unpack_from(fmt, self.buf, self.at)
-        self.at += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        self.at += n
-        return bytes(self.buf[self.at - n:self.at]).decode("utf-8", errors="replace")
-
-    def value(self, vtype: int, keep: bool):
-        """One value; arrays (the tokenizer's vocabulary) are skipped unless kept."""
-        if vtype == GGUFValueType.STRING:
-            return self.string()
-        if vtype == GGUFValueType.ARRAY:
-            etype, count = self.scalar("<I"), self.scalar("<Q")
-            if etype in _SCALARS and not keep:
-                self.at += count * struct.calcsize(_SCALARS[etype])
-                return None
-            if etype == GGUFValueType.STRING and not keep:
-                for _ in range(count):
-                    n = self.scalar("<Q")
-                    self.at += n
-                return None
-            items = [self.value(etype, keep) for _ in range(count)]
-            return items if keep else None
-        return self.scalar(_SCALARS[vtype])
+from splitserve.gguf_header import open_gguf
 
 
 def read_gguf(path: str) -> tuple[dict, dict[str, tuple[GGMLQuantizationType, tuple, np.ndarray]]]:
-    """Metadata (arrays skipped) and tensors {name: (type, numpy shape, raw uint8 bytes)}.
-
-    A small reader of our own rather than gguf.GGUFReader: that one parses every entry of
-    the embedded vocabulary into numpy views, which costs seconds per worker start.
-    """
-    buf = np.memmap(path, dtype=np.uint8, mode="r")
-    cur = _Cursor(buf)
-    if bytes(buf[:4]) != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file")
-    cur.at = 4
-    version = cur.scalar("<I")
-    if version not in (2, 3):
-        raise ValueError(f"{path}: unsupported GGUF version {version}")
-    n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
-    meta = {}
-    for _ in range(n_kv):
-        key = cur.string()
-        meta[key] = cur.value(cur.scalar("<I"), keep=False)
-    infos = []
-    for _ in range(n_tensors):
-        name = cur.string()
-        dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
-        infos.append((name, tuple(reversed(dims)), GGMLQuantizationType(cur.scalar("<I")),
-                      cur.scalar("<Q")))  # GGUF lists dims innermost first
-    align = int(meta.get("general.alignment") or 32)
-    data_start = -(-cur.at // align) * align
+    """Metadata (arrays skipped) and tensors {name: (type, numpy shape, raw uint8 bytes)}."""
+    buf, header = open_gguf(path, arrays=False)
+    if header.version not in (2, 3):
+        raise ValueError(f"{path}: unsupported GGUF version {header.version}")
     tensors = {}
-    for name, shape, qtype, offset in infos:
-        byte_shape = quant_shape_to_byte_shape(shape, qtype)
-        start = data_start + offset
+    for info in header.tensors:
+        qtype = GGMLQuantizationType(info.ggml_type)
+        byte_shape = quant_shape_to_byte_shape(info.shape, qtype)
+        start = header.data_start + info.offset
         raw = buf[start:start + int(np.prod(byte_shape))].reshape(byte_shape)
-        tensors[name] = (qtype, shape, raw)
-    return meta, tensors
+        tensors[info.name] = (qtype, info.shape, raw)
+    return header.metadata, tensors
 
 
 def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -8,20 +8,18 @@
 
 Token types (GGUF numbering, the same as SentencePiece's): 1 normal, 2 unknown, 3 control,
 4 user-defined, 5 unused, 6 byte. Control tokens are special; user-defined ones are plain text.
-The metadata is read directly (only the key/value header), which is much faster than parsing the
-whole file with gguf.GGUFReader.
+The metadata comes from splitserve.gguf_header (only the key/value header), which is much faster
+than parsing the whole file with gguf.GGUFReader.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
-from array import array
-from typing import BinaryIO
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
+from splitserve.gguf_header import GGUFFormatError, read_metadata
 from splitserve.tokenizers.base import Tokenizer
 from splitserve.tokenizers.hf_tokenizer import HFTokenizer
 from splitserve.tokenizers.sentencepiece_tokenizer import (
@@ -35,11 +33,6 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
     1, 7
 )
 
-# GGUF value types -> struct format of a scalar.
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
-            10: "Q", 11: "q", 12: "d"}  # fmt: skip
-_STRING, _ARRAY = 8, 9
-
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -50,54 +43,6 @@ _QWEN2_SPLIT = (
 )
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
 _GPT2 = {"default", "gpt2", "gpt-2", "olmo", "jais", "poro-chat", "viking", "mpt", "stablelm2"}
-
-
-class GGUFFormatError(ValueError):
-    """The file is not a GGUF file this reader understands."""
-
-
-def _read_exact(f: BinaryIO, n: int) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
-        raise GGUFFormatError("truncated GGUF header")
-    return data
-
-
-def _read_value(f: BinaryIO, vtype: int, wide: bool):
-    if vtype in _SCALARS:
-        fmt = "<" + _SCALARS[vtype]
-        return struct.unpack(fmt, _read_exact(f, struct.calcsize(fmt)))[0]
-    if vtype == _STRING:
-        (length,) = struct.unpack("<Q" if wide else "<I", _read_exact(f, 8 if wide else 4))
-        return _read_exact(f, length).decode("utf-8", errors="replace")
-    if vtype == _ARRAY:
-        (etype,) = struct.unpack("<I", _read_exact(f, 4))
-        (count,) = struct.unpack("<Q" if wide else "<I", _read_exact(f, 8 if wide else 4))
-        if etype in _SCALARS and etype != 7:
-            values = array(_SCALARS[etype])
-            values.frombytes(_read_exact(f, values.itemsize * count))
-            return values.tolist()
-        return [_read_value(f, etype, wide) for _ in range(count)]
-    raise GGUFFormatError(f"unknown GGUF value type {vtype}")
-
-
-def read_gguf_metadata(path: str) -> dict:
-    """All key/value metadata of a GGUF file (version 1 to 3, little-endian)."""
-    with open(path, "rb") as f:
-        if _read_exact(f, 4) != b"GGUF":
-            raise GGUFFormatError(f"{path} is not a GGUF file")
-        (version,) = struct.unpack("<I", _read_exact(f, 4))
-        if version not in (1, 2, 3):
-            raise GGUFFormatError(f"unsupported GGUF version {version} (big-endian file?)")
-        wide = version >= 2
-        count_fmt = "<QQ" if wide else "<II"
-        _, n_kv = struct.unpack(count_fmt, _read_exact(f, struct.calcsize(count_fmt)))
-        metadata = {}
-        for _ in range(n_kv):
-            key = _read_value(f, _STRING, wide)
-            (vtype,) = struct.unpack("<I", _read_exact(f, 4))
-            metadata[key] = _read_value(f, vtype, wide)
-    return metadata
 
 
 def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -180,4 +125,4 @@ def tokenizer_from_gguf_metadata(meta: dict) -> Tokenizer:
 
 
 def load_gguf_tokenizer(path: str) -> Tokenizer:
-    return tokenizer_from_gguf_metadata(read_gguf_metadata(path))
+    return tokenizer_from_gguf_metadata(read_metadata(path))

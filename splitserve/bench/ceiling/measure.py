@@ -1,8 +1,6 @@
-"""The engine's own ceiling: the decode step in a tight loop and the prefill pass, no serving.
-
-Served throughput is judged against these figures. Run as a script:
-
-    python -m splitserve.engine.ceiling --model random:tiny-7m --slots 16 --context 160
+"""The measurement of the engine's own ceiling: the decode step in a tight loop and the prefill
+pass, through the Engine interface alone (no serving). Served throughput is judged against these
+figures; `splitserve bench --ceiling` runs them (probe.py builds the engine).
 
 Every slot holds a sequence of about `context` tokens: all slots are refilled every
 `refill_every` steps (untimed) so the attended length stays near `context` instead of
@@ -11,27 +9,21 @@ drifting upward over a long run.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
 import numpy as np
 
 from splitserve.engine.interface import Engine, SamplingParams
+from splitserve.stats import quantiles
 
 
 def _summary(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    p50, p10, p90, p99 = quantiles(times, (0.5, 0.1, 0.9, 0.99))
     return {
-        "p50": statistics.median(ordered),
-        "p10": pick(0.10),
-        "p90": pick(0.90),
-        "p99": pick(0.99),
-        "min": ordered[0],
-        "mean": statistics.fmean(ordered),
-    }
+        "p50": p50, "p10": p10, "p90": p90, "p99": p99,
+        "min": min(times), "mean": statistics.fmean(times),
+    }  # fmt: skip
 
 
 def _prompt(n: int, vocab: int, seed: int) -> list[int]:
@@ -49,7 +41,7 @@ def measure_decode_ceiling(
 ) -> dict:
     """Fill every slot with a ~context_len prefix, time `steps` generate() calls.
 
-    Returns step_s (p50/p10/p90/min/mean seconds), tokens_per_s and the settings. One prefill
+    Returns step_s (p50/p10/p90/p99/min/mean seconds), tokens_per_s and the settings. One prefill
     serves all slots (insert copies it into each).
 
     tokens_per_s is the loop's own rate, slots / mean step: tokens made over the time it took,
@@ -131,64 +123,3 @@ def measure_prefill(
         out["idle_s"] = idle_s
         out["prefill_after_idle_s"] = _summary(after_idle)
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    from splitserve.engine.jax_engine import build_jax_engine
-    from splitserve.engine.jax_setup import configure_jax_runtime, enable_compilation_cache
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="random:tiny-7m",
-                    help="random:<preset>[:seed], a .gguf file, a HF folder, or 'default'")
-    ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--context", type=int, default=160)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--max-seq-len", type=int, default=1024)
-    ap.add_argument("--prompt", type=int, default=128, help="prefill prompt length")
-    ap.add_argument("--prefill-idle-ms", type=float, default=0.0,
-                    help="also time as many prefills again, each after this much idle time")
-    ap.add_argument("--temperature", type=float, default=0.0, help=">0: the sampling path")
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--cpu-threads", type=int, default=None,
-                    help="XLA intra-op threads (default: one per CPU)")
-    ap.add_argument("--compile-cache", default=None, help="persistent compilation cache dir")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
-    configure_jax_runtime(cpu_threads=args.cpu_threads)
-    if args.compile_cache:
-        enable_compilation_cache(args.compile_cache)
-    model = args.model
-    if model == "default":
-        from splitserve.engine.default_model import default_model_path
-
-        model = default_model_path()
-    t = time.perf_counter()
-    engine = build_jax_engine(model, args.slots, args.max_seq_len)
-    built = time.perf_counter() - t
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=1)
-    decode = measure_decode_ceiling(engine, args.context, args.steps, sampling=sampling)
-    prefill = measure_prefill(engine, args.prompt, idle_s=args.prefill_idle_ms / 1e3)
-    if args.json:
-        print(json.dumps({"model": args.model, "build_s": built, "decode": decode,
-                          "prefill": prefill}))
-        return
-    step = decode["step_s"]
-    print(f"model {args.model}: {engine.cfg.num_params() / 1e6:.1f}M params, built in "
-          f"{built:.1f}s")
-    print(f"decode  slots={args.slots} context~{args.context}: step p50 "
-          f"{step['p50'] * 1e3:.2f} ms (p10 {step['p10'] * 1e3:.2f}, p90 "
-          f"{step['p90'] * 1e3:.2f}, mean {step['mean'] * 1e3:.2f}) -> "
-          f"{decode['tokens_per_s']:.0f} tokens/s")
-    pre = prefill["prefill_s"]
-    print(f"prefill {args.prompt} tokens: p50 {pre['p50'] * 1e3:.1f} ms "
-          f"(min {pre['min'] * 1e3:.1f}) -> {prefill['tokens_per_s']:.0f} tokens/s")
-    idle = prefill.get("prefill_after_idle_s")
-    if idle:
-        print(f"prefill {args.prompt} tokens after {args.prefill_idle_ms:.0f} ms idle: p50 "
-              f"{idle['p50'] * 1e3:.1f} ms (min {idle['min'] * 1e3:.1f}), "
-              f"{(idle['p50'] - pre['p50']) * 1e3:+.1f} ms against back to back")
-
-
-if __name__ == "__main__":
-    main()

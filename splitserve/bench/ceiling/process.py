@@ -1,5 +1,5 @@
-"""The engine ceiling in a child process that stays up: `splitserve bench --ceiling --probe`,
-measured again whenever asked.
+"""The ceiling in a child process that stays up (`splitserve bench --ceiling --probe`: a probe
+that measures once per line read), measured again whenever asked.
 
 A benchmark suite on a shared host measures the ceiling between its served loads, seconds before
 and after each, so that the engine's drift over minutes stays out of each served/ceiling ratio.

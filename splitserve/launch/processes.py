@@ -1,10 +1,9 @@
-"""Starting and stopping a stack of roles: as OS processes (the default) or as threads.
+"""Roles as OS processes: spawn, kill, restart, and stop them in order.
 
 ProcessStack spawns `python -m <role> --config FILE --index K` per role, each child in its own
 session (so that a terminal's Ctrl-C reaches only the launcher, which then stops the children in
 order); each child asks for a parent-death signal itself (procutil), so that none outlives a
 launcher that was killed.
-ThreadStack runs the same worker classes as threads over inproc sockets in this process.
 """
 
 from __future__ import annotations
@@ -14,46 +13,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import zmq
-
-from splitserve import tomlwrite
-from splitserve.config import ClusterConfig, config_to_dict
+from splitserve.config import ClusterConfig
+from splitserve.launch.roles import role_instances, role_module, stack_roles, write_config
 from splitserve.procutil import CPUS_ENV, IO_CPUS_ENV, PARENT_ENV
 
 log = logging.getLogger(__name__)
-
-ROLE_MODULES = {
-    "router": "router",
-    "prefill": "prefill_worker",
-    "decode": "decode_worker",
-    "detok": "detok_worker",
-}
-WORKER_ROLES = ("prefill", "decode", "detok")
-
-
-def write_config(config: ClusterConfig, path: str | None = None) -> str:
-    path = path or os.path.join(
-        config.run_dir or tempfile.mkdtemp(prefix="splitserve-"), "cluster.toml"
-    )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as fh:
-        fh.write(tomlwrite.dumps(config_to_dict(config)))
-    return path
-
-
-def role_instances(config: ClusterConfig, roles: Iterable[str]) -> list[tuple[str, int]]:
-    out = []
-    for role in roles:
-        count = config.detok_count if role == "detok" else 1
-        out.extend((role, i) for i in range(count))
-    return out
-
 
 @dataclass
 class Child:
@@ -68,22 +36,24 @@ class Child:
 
 
 class ProcessStack:
-    """Roles as OS processes. Use as a context manager; stop() is safe to call twice."""
+    """Roles as OS processes (by default a whole local stack: stack_roles). Use as a context
+    manager; stop() is safe to call twice."""
 
     def __init__(
         self,
         config: ClusterConfig,
-        roles: Iterable[str] = ("prefill", "decode", "detok", "router"),
+        roles: Iterable[str] | None = None,
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
         cpus: dict[str, list[int]] | None = None,
         config_path: str | None = None,
     ):
         self.config = config
-        self.roles = tuple(roles)
+        self.roles = tuple(stack_roles(config) if roles is None else roles)
         self.env = dict(os.environ if env is None else env)
         self.log_dir = log_dir
-        self.cpus = cpus or {}
+        # role -> CPUs its processes are pinned to (default: the config's [cluster.cpus])
+        self.cpus = {r: list(cs) for r, cs in (config.cpus if cpus is None else cpus).items()}
         self.config_path = config_path or write_config(config)
         self.children: dict[tuple[str, int], Child] = {}
 
@@ -93,7 +63,8 @@ class ProcessStack:
         return self
 
     def spawn(self, role: str, index: int) -> Child:
-        cmd = [sys.executable, "-m", ROLE_MODULES[role], "--config", self.config_path]
+        cmd = [sys.executable, "-m", role_module(role, self.config.mode)]
+        cmd += ["--config", self.config_path]
         cmd += ["--index", str(index)]
         log_path = None
         out = None
@@ -158,60 +129,6 @@ class ProcessStack:
                     c.popen.wait()
 
     def __enter__(self) -> ProcessStack:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class ThreadStack:
-    """The worker roles as threads in this process, over inproc sockets of one shared context.
-
-    The router core runs on the caller's event loop with the same context (RouterCore(ctx=...)).
-    """
-
-    def __init__(self, config: ClusterConfig, environ: dict[str, str] | None = None):
-        from decode_worker.worker import DecodeWorker
-        from detok_worker.worker import DetokWorker
-        from prefill_worker.worker import PrefillWorker
-
-        self.config = config
-        self.environ = dict(os.environ if environ is None else environ)
-        self.ctx = zmq.Context()
-        self.stop_event = threading.Event()
-        self.classes = {"prefill": PrefillWorker, "decode": DecodeWorker, "detok": DetokWorker}
-        self.threads: list[threading.Thread] = []
-        self.errors: list[BaseException] = []
-
-    def start(self) -> ThreadStack:
-        # receivers bind in the constructors, before any thread connects to them
-        workers = [
-            self.classes[role](self.config, index, self.ctx, self.stop_event, self.environ)
-            for role, index in role_instances(self.config, WORKER_ROLES)
-        ]
-        for w in workers:
-            t = threading.Thread(
-                target=self._run, args=(w,), name=f"{w.role}-{w.index}", daemon=True
-            )
-            t.start()
-            self.threads.append(t)
-        return self
-
-    def _run(self, worker) -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # recorded and logged; the stack's owner decides
-            log.exception("%s[%d] thread failed", worker.role, worker.index)
-            self.errors.append(exc)
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        self.stop_event.set()
-        deadline = time.monotonic() + timeout_s
-        for t in self.threads:
-            t.join(max(0.1, deadline - time.monotonic()))
-        self.ctx.destroy(linger=0)
-
-    def __enter__(self) -> ThreadStack:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -1,0 +1,14 @@
+"""Process lifecycle, in one place: what starts a stack's roles, waits until they are ready,
+watches them, restarts or stops them, and turns SIGTERM / SIGINT into a drain. `splitserve
+serve` (cli.py), `deploy/launch.sh` (hostlaunch.py), the benchmark suite and the tests use it.
+
+- roles.py: which roles a stack runs, the module each runs as, the config file children read.
+- processes.py: ProcessStack, roles as OS processes: spawn, kill, restart, stop in order.
+- threads.py: ThreadStack, the worker roles as threads of this process (threads mode).
+- threads_main.py: threads mode's one process: the router with the worker threads beside it.
+- health.py: readiness over the router's /health, waited for with a deadline.
+- supervise.py: the supervision loop: on a role's exit stop everything, or restart it with a
+  back-off; a signal ends the loop so the stack drains.
+- ports.py: a free loopback port for a local stack's router.
+- pipeline.py: worker roles plus a RouterCore on the caller's event loop (measurements, tests).
+"""

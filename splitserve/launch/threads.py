@@ -1,0 +1,71 @@
+"""The worker roles as threads of this process, over inproc sockets of one shared zmq context:
+the JetStream-style baseline the benchmarks compare processes mode against.
+
+The router core runs on the caller's event loop with the same context (RouterCore(ctx=...));
+threads_main.py composes the two into the one process of threads mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import zmq
+
+from splitserve.config import ClusterConfig
+from splitserve.launch.roles import WORKER_ROLES, role_instances
+
+log = logging.getLogger(__name__)
+
+
+class ThreadStack:
+    """Use as a context manager; a worker thread's failure is logged and kept in `errors`."""
+
+    def __init__(self, config: ClusterConfig, environ: dict[str, str] | None = None):
+        from decode_worker.worker import DecodeWorker
+        from detok_worker.worker import DetokWorker
+        from prefill_worker.worker import PrefillWorker
+
+        self.config = config
+        self.environ = dict(os.environ if environ is None else environ)
+        self.ctx = zmq.Context()
+        self.stop_event = threading.Event()
+        self.classes = {"prefill": PrefillWorker, "decode": DecodeWorker, "detok": DetokWorker}
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def start(self) -> ThreadStack:
+        # receivers bind in the constructors, before any thread connects to them
+        workers = [
+            self.classes[role](self.config, index, self.ctx, self.stop_event, self.environ)
+            for role, index in role_instances(self.config, WORKER_ROLES)
+        ]
+        for w in workers:
+            t = threading.Thread(
+                target=self._run, args=(w,), name=f"{w.role}-{w.index}", daemon=True
+            )
+            t.start()
+            self.threads.append(t)
+        return self
+
+    def _run(self, worker) -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # recorded and logged; the stack's owner decides
+            log.exception("%s[%d] thread failed", worker.role, worker.index)
+            self.errors.append(exc)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        self.stop_event.set()
+        deadline = time.monotonic() + timeout_s
+        for t in self.threads:
+            t.join(max(0.1, deadline - time.monotonic()))
+        self.ctx.destroy(linger=0)
+
+    def __enter__(self) -> ThreadStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
