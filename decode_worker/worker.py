@@ -44,7 +44,6 @@ from splitserve.stats import Histogram
 from splitserve.stopping import token_finish
 from splitserve.tokenizer_path import engine_vocab_size
 from splitserve.tombstones import Tombstones
-from splitserve.transport import detok_sender, faults_from_env
 from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
@@ -70,13 +69,9 @@ class DecodeWorker(WorkerLoop):
         stop: threading.Event,
         environ: dict[str, str],
     ):
-        super().__init__(config, index, ctx, stop)
+        super().__init__(config, index, ctx, stop, environ)
         self.engine = build_engine(config.model, engine_vocab_size(config.model))
-        faults = faults_from_env(environ)
-        self.detoks = [
-            detok_sender(ctx, addr, self.counters, faults, "decode_to_detok")
-            for addr in config.addresses.detok
-        ]
+        self.detoks = self.detok_senders("decode_to_detok")
         self.slots: list[Slot | None] = [None] * self.engine.num_slots
         self.slot_of: dict[str, int] = {}
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
@@ -109,10 +104,6 @@ class DecodeWorker(WorkerLoop):
         self.insert_pending()
         if self.slot_of:
             self.step()
-        for d in self.detoks:
-            tick = getattr(d, "tick", None)
-            if tick:
-                tick()
         self.gone.prune()
 
     def handle(self, msg: Any, frames: list[Any]) -> None:
@@ -235,7 +226,3 @@ class DecodeWorker(WorkerLoop):
 
     def idle(self) -> bool:
         return not self.slot_of and not self.pending
-
-    def close(self) -> None:
-        for d in self.detoks:
-            d.close()

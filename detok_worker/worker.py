@@ -38,7 +38,6 @@ from splitserve.stats import Histogram
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import load_tokenizer
 from splitserve.tombstones import Tombstones
-from splitserve.transport import Sender
 from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
@@ -55,9 +54,9 @@ class DetokWorker(WorkerLoop):
         stop: threading.Event,
         environ: dict[str, str],
     ):
-        super().__init__(config, index, ctx, stop)
+        super().__init__(config, index, ctx, stop, environ)
         self.table = load_tokenizer(tokenizer_path(config.model)).token_table()
-        self.decode = Sender(ctx, config.addresses.decode, self.counters)
+        self.decode = self.connect(config.addresses.decode, "detok_to_decode")
         self.streams: dict[str, Stream] = {}
         # tokens of streams not opened yet: rid -> (first seen, [(seq, token, logprob, finish)])
         self.early: dict[str, tuple[float, list[tuple[int, int, float, int]]]] = {}
@@ -187,6 +186,3 @@ class DetokWorker(WorkerLoop):
 
     def idle(self) -> bool:
         return not self.streams
-
-    def close(self) -> None:
-        self.decode.close()

@@ -42,7 +42,6 @@ from splitserve.protocol import (
 from splitserve.stats import Histogram
 from splitserve.stopping import token_finish
 from splitserve.tokenizer_path import engine_vocab_size
-from splitserve.transport import Sender, detok_sender, faults_from_env
 from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
@@ -59,16 +58,10 @@ class PrefillWorker(WorkerLoop):
         stop: threading.Event,
         environ: dict[str, str],
     ):
-        super().__init__(config, index, ctx, stop)
+        super().__init__(config, index, ctx, stop, environ)
         self.engine = build_engine(config.model, engine_vocab_size(config.model), role="prefill")
-        faults = faults_from_env(environ)
-        self.decode = Sender(ctx, config.addresses.decode, self.counters)
-        self.detoks = [
-            detok_sender(ctx, addr, self.counters, faults, "prefill_to_detok")
-            for addr in config.addresses.detok
-        ]
-        # test-only: lose every prefix on its way to decode, as a crash between the two sends would
-        self.drop_prefixes = bool(faults.get("prefill_to_decode_drop", 0.0))
+        self.decode = self.connect(config.addresses.decode, "prefill_to_decode")
+        self.detoks = self.detok_senders("prefill_to_detok")
         self.queue: deque[GenerateRequest] = deque()
         self.max_queue = config.router.max_running + config.router.max_queued
         self.prefill_time = Histogram()
@@ -88,10 +81,6 @@ class PrefillWorker(WorkerLoop):
             self.handle(msg)
         if self.queue:
             self.prefill(self.queue.popleft())
-        for d in self.detoks:
-            tick = getattr(d, "tick", None)
-            if tick:
-                tick()
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, GenerateRequest):
@@ -134,7 +123,7 @@ class PrefillWorker(WorkerLoop):
             [OpenStream(rid, req.detok, req.logprobs)],
         )
         self.detoks[req.detok_index].send(first)
-        if finish == TokenFinish.NONE and not self.drop_prefixes:
+        if finish == TokenFinish.NONE:
             header = PrefixHeader(
                 rid,
                 req.detok_index,
@@ -166,8 +155,3 @@ class PrefillWorker(WorkerLoop):
 
     def idle(self) -> bool:
         return not self.queue
-
-    def close(self) -> None:
-        self.decode.close()
-        for d in self.detoks:
-            d.close()

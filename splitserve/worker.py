@@ -16,6 +16,7 @@ import time
 import zmq
 
 from splitserve.config import ClusterConfig
+from splitserve.faults import AnySender, FaultInjector
 from splitserve.procutil import freeze_startup_objects
 from splitserve.protocol import (
     PROTOCOL_VERSION,
@@ -37,15 +38,24 @@ log = logging.getLogger(__name__)
 class WorkerLoop:
     role = "worker"
 
-    def __init__(self, config: ClusterConfig, index: int, ctx: zmq.Context, stop: threading.Event):
+    def __init__(
+        self,
+        config: ClusterConfig,
+        index: int,
+        ctx: zmq.Context,
+        stop: threading.Event,
+        environ: dict[str, str],
+    ):
         self.config = config
         self.index = index
         self.ctx = ctx
         self.stop = stop
         self.counters = TransportCounters()
         self.pid = os.getpid()
+        self.faults = FaultInjector.from_env(environ)
+        self._senders: list[AnySender] = []
         self.receiver = Receiver(ctx, self.own_address(), self.counters)
-        self.router = Sender(ctx, config.addresses.router, self.counters)
+        self.router = self.connect(config.addresses.router, f"{self.role}_to_router")
         self._next_heartbeat = 0.0
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
 
@@ -72,6 +82,17 @@ class WorkerLoop:
         pass
 
     # ---- shared ----
+    def connect(self, endpoint: str, path: str) -> AnySender:
+        """A sender to endpoint, counted in this worker's transport counters, with whatever faults
+        the environment puts on path (see splitserve.faults); closed when the loop ends."""
+        sender = self.faults.wrap(Sender(self.ctx, endpoint, self.counters), path)
+        self._senders.append(sender)
+        return sender
+
+    def detok_senders(self, path: str) -> list[AnySender]:
+        """One sender per detok worker of the pool, indexed as the requests' detok_index is."""
+        return [self.connect(endpoint, path) for endpoint in self.config.addresses.detok]
+
     def run(self) -> None:
         info = self.warmup()
         if threading.current_thread() is threading.main_thread():  # this process is the role's
@@ -94,13 +115,15 @@ class WorkerLoop:
                     if self.idle() or time.monotonic() > drain_deadline:
                         break
                 self.loop_once()
+                self.faults.release_due()
                 self.maybe_snapshot()
         finally:
             beating.set()
             heart.join(timeout=5)
             self.close()
             self.receiver.close()
-            self.router.close()
+            for sender in self._senders:
+                sender.close()
             log.info("%s[%d] stopped", self.role, self.index)
 
     def maybe_snapshot(self) -> None:
