@@ -28,12 +28,12 @@ import zmq
 
 from splitserve import protocol
 from splitserve.config import ClusterConfig
-from splitserve.engine import build_engine
 from splitserve.engine.interface import Prefix
 from splitserve.protocol import (
+    Abort,
     DecodeLoad,
+    Finish,
     PrefixHeader,
-    RequestFailed,
     Source,
     StopCriteria,
     TokenBatch,
@@ -42,7 +42,6 @@ from splitserve.protocol import (
 )
 from splitserve.stats import Histogram
 from splitserve.stopping import token_finish
-from splitserve.tokenizer_path import engine_vocab_size
 from splitserve.tombstones import Tombstones
 from splitserve.worker import WorkerLoop
 
@@ -70,7 +69,7 @@ class DecodeWorker(WorkerLoop):
         environ: dict[str, str],
     ):
         super().__init__(config, index, ctx, stop, environ)
-        self.engine = build_engine(config.model, engine_vocab_size(config.model))
+        self.engine = self.make_engine()
         self.detoks = self.detok_senders("decode_to_detok")
         self.slots: list[Slot | None] = [None] * self.engine.num_slots
         self.slot_of: dict[str, int] = {}
@@ -86,6 +85,11 @@ class DecodeWorker(WorkerLoop):
         self.tokens_sent = 0
         self._last_step_start: float | None = None
         self.failed_inserts = 0
+        self.handlers = {
+            PrefixHeader: self.on_prefix,
+            Abort: self.on_release,
+            Finish: self.on_release,
+        }
 
     def own_address(self) -> str:
         return self.config.addresses.decode
@@ -94,29 +98,19 @@ class DecodeWorker(WorkerLoop):
         self.engine.warmup(prefill=False)  # only this role's side of the engine
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, num_slots=self.engine.num_slots)
 
-    # ---- messages ----
     def loop_once(self) -> None:
-        if not self.slot_of and not self.pending:
+        idle = self.idle()
+        if idle:
             self._last_step_start = None  # an idle pause is not a stall
-            self.receiver.poll(self.poll_timeout_ms())
-        for msg, frames in self.receiver.drain():
-            self.handle(msg, frames)
+        self.dispatch(self.receive(wait=idle))
         self.insert_pending()
         if self.slot_of:
             self.step()
         self.gone.prune()
 
-    def handle(self, msg: Any, frames: list[Any]) -> None:
-        if isinstance(msg, PrefixHeader):
-            self.accept_prefix(msg, frames)
-        elif isinstance(msg, protocol.Abort | protocol.Finish):
-            for rid in msg.request_ids:
-                self.release(rid)
-        else:
-            self.counters.malformed += 1
-            log.warning("decode: unexpected %s", type(msg).__name__)
-
-    def accept_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
+    # ---- messages ----
+    def on_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
+        """A prefix from prefill (its KV arrays in frames) waits for a free slot."""
         rid = header.request_id
         if rid in self.gone:
             return
@@ -130,6 +124,10 @@ class DecodeWorker(WorkerLoop):
             self.fail([rid], "decode worker overloaded: pending queue full")
             return
         self.pending.append((header, frames))
+
+    def on_release(self, msg: Abort | Finish, _frames: list[Any]) -> None:
+        for rid in msg.request_ids:
+            self.release(rid)
 
     def release(self, rid: str) -> None:
         """Abort or stop-string finish: free the slot now, or drop the prefix when it arrives."""
@@ -162,10 +160,6 @@ class DecodeWorker(WorkerLoop):
             )
             self.slot_of[header.request_id] = slot
             log.info("%s inserted in slot %d", header.request_id, slot)
-
-    def fail(self, request_ids: list[str], message: str) -> None:
-        log.warning("decode: failing %s: %s", request_ids, message)
-        self.router.send(RequestFailed(request_ids, self.role, message))
 
     # ---- the decode step ----
     def step(self) -> None:

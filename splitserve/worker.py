@@ -1,8 +1,14 @@
-"""What every worker role shares: its receiver, its link to the router, Ready, heartbeats, drain.
+"""The worker shell: what every role shares.
 
-A role subclasses WorkerLoop and provides warmup(), loop_once(), load() and idle(). The same class
-runs as an OS process (python -m <role>) or as a thread (threads mode); only the zmq context and
-the stop event come from outside.
+It owns the role's receiver and its link to the router, the senders the role connects (each
+wrapped by the test-only fault injection of splitserve.faults, which the shell releases once per
+loop pass), the engine factory, the message dispatch (a table from message type to handler that
+each role fills; other types are counted as malformed), failing requests, Ready, the heartbeat
+thread and the drain on stop.
+
+A role subclasses WorkerLoop, fills self.handlers, and provides own_address(), warmup(),
+loop_once(), load() and idle(). The same class runs as an OS process (python -m <role>) or as a
+thread (threads mode); only the zmq context, the stop event and the environment come from outside.
 """
 
 from __future__ import annotations
@@ -12,10 +18,14 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 from splitserve.config import ClusterConfig
+from splitserve.engine import build_engine
+from splitserve.engine.interface import Engine
 from splitserve.faults import AnySender, FaultInjector
 from splitserve.procutil import freeze_startup_objects
 from splitserve.protocol import (
@@ -25,12 +35,15 @@ from splitserve.protocol import (
     Heartbeat,
     PrefillLoad,
     Ready,
+    RequestFailed,
     TransportCounters,
     WorkerInfo,
 )
+from splitserve.tokenizer_path import engine_vocab_size
 from splitserve.transport import Receiver, Sender
 
 RoleLoad = PrefillLoad | DecodeLoad | DetokLoad
+Handler = Callable[[Any, list[Any]], None]  # (message, its extra frames: KV arrays or none)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +69,8 @@ class WorkerLoop:
         self._senders: list[AnySender] = []
         self.receiver = Receiver(ctx, self.own_address(), self.counters)
         self.router = self.connect(config.addresses.router, f"{self.role}_to_router")
+        # message type -> handler; each role fills it with the messages it takes
+        self.handlers: dict[type, Handler] = {}
         self._next_heartbeat = 0.0
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
 
@@ -82,6 +97,11 @@ class WorkerLoop:
         pass
 
     # ---- shared ----
+    def make_engine(self) -> Engine:
+        """This role's engine, as the configuration names it (prefill and decode roles)."""
+        model = self.config.model
+        return build_engine(model, engine_vocab_size(model), role=self.role)
+
     def connect(self, endpoint: str, path: str) -> AnySender:
         """A sender to endpoint, counted in this worker's transport counters, with whatever faults
         the environment puts on path (see splitserve.faults); closed when the loop ends."""
@@ -125,6 +145,28 @@ class WorkerLoop:
             for sender in self._senders:
                 sender.close()
             log.info("%s[%d] stopped", self.role, self.index)
+
+    def receive(self, wait: bool) -> list[tuple[Any, list[Any]]]:
+        """The messages waiting now; with wait, block first until one comes or a snapshot is due."""
+        if wait:
+            self.receiver.poll(self.poll_timeout_ms())
+        return self.receiver.drain()
+
+    def dispatch(self, messages: list[tuple[Any, list[Any]]]) -> None:
+        """Hand each message to the handler for its type; a type this role does not take is
+        counted as malformed (it travels in heartbeats) and skipped."""
+        for msg, frames in messages:
+            handler = self.handlers.get(type(msg))
+            if handler is None:
+                self.counters.malformed += 1
+                log.warning("%s[%d]: unexpected %s", self.role, self.index, type(msg).__name__)
+            else:
+                handler(msg, frames)
+
+    def fail(self, request_ids: list[str], message: str) -> None:
+        """End requests with an error: the router tells their clients."""
+        log.warning("%s[%d]: failing %s: %s", self.role, self.index, request_ids, message)
+        self.router.send(RequestFailed(request_ids, self.role, message))
 
     def maybe_snapshot(self) -> None:
         now = time.monotonic()
