@@ -6,11 +6,12 @@ A request's path through this process:
  2. If the request was aborted or finished by a stop string before its prefix arrived, the prefix
     is dropped (tombstones remember such ids for a while). Otherwise it waits in a bounded pending
     queue.
- 3. At the top of each loop pass, pending prefixes go into free slots (engine.insert).
+ 3. Once a loop pass has handled its messages, pending prefixes take free slots of the slot table
+    (lowest index first) and go into the engine (engine.insert).
  4. One engine.generate() step advances every live slot by one token.
  5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit).
- 6. The tokens of the step are grouped by their stamped detok worker and sent as one TokenBatch per
-    detok worker (only to those with tokens); sends never block.
+ 6. The tokens of the step are grouped by their stamped detok worker, in slot order, and sent as
+    one TokenBatch per detok worker (only to those with tokens); sends never block.
  7. A slot is freed on a finishing token, on Abort from the router, or on Finish from the detok
     worker (stop string) - each within one step of the message arriving.
 """
@@ -21,11 +22,11 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
+from decode_worker.slots import Slot, SlotTable
 from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.engine.interface import Prefix
@@ -35,7 +36,6 @@ from splitserve.protocol import (
     Finish,
     PrefixHeader,
     Source,
-    StopCriteria,
     TokenBatch,
     TokenFinish,
     WorkerInfo,
@@ -46,15 +46,6 @@ from splitserve.tombstones import Tombstones
 from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Slot:
-    request_id: str
-    detok_index: int
-    stop: StopCriteria
-    next_seq: int  # output position of the next token
-    context_len: int  # prompt + output tokens so far
 
 
 class DecodeWorker(WorkerLoop):
@@ -71,8 +62,7 @@ class DecodeWorker(WorkerLoop):
         super().__init__(config, index, ctx, stop, environ)
         self.engine = self.make_engine()
         self.detoks = self.detok_senders("decode_to_detok")
-        self.slots: list[Slot | None] = [None] * self.engine.num_slots
-        self.slot_of: dict[str, int] = {}
+        self.slots = SlotTable(self.engine.num_slots)
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
         # the router admits at most max_running requests; the slack covers prefixes of aborted
         # requests that arrive before their Abort does (they are dropped when it comes)
@@ -104,7 +94,7 @@ class DecodeWorker(WorkerLoop):
             self._last_step_start = None  # an idle pause is not a stall
         self.dispatch(self.receive(wait=idle))
         self.insert_pending()
-        if self.slot_of:
+        if self.slots:
             self.step()
         self.gone.prune()
 
@@ -114,7 +104,7 @@ class DecodeWorker(WorkerLoop):
         rid = header.request_id
         if rid in self.gone:
             return
-        if rid in self.slot_of or any(h.request_id == rid for h, _ in self.pending):
+        if rid in self.slots or any(h.request_id == rid for h, _ in self.pending):
             self.fail([rid], "duplicate request id at decode")
             return
         if not 0 <= header.detok_index < len(self.detoks):
@@ -132,10 +122,9 @@ class DecodeWorker(WorkerLoop):
     def release(self, rid: str) -> None:
         """Abort or stop-string finish: free the slot now, or drop the prefix when it arrives."""
         self.gone.add(rid)
-        slot = self.slot_of.pop(rid, None)
+        slot = self.slots.release(rid)
         if slot is not None:
             log.info("%s released from slot %d", rid, slot)
-            self.slots[slot] = None
             self.engine.free(slot)
             return
         for i, (h, _) in enumerate(self.pending):
@@ -144,38 +133,40 @@ class DecodeWorker(WorkerLoop):
                 return
 
     def insert_pending(self) -> None:
-        while self.pending and len(self.slot_of) < len(self.slots):
+        while self.pending and self.slots.free_count:
             header, frames = self.pending.popleft()
-            slot = self.slots.index(None)
+            rid = header.request_id
+            slot = self.slots.take(Slot(rid, header.detok_index, header.stop, 1, header.length + 1))
             try:
                 kv = protocol.arrays_from_frames(header.kv_meta, frames)
                 prefix = Prefix(kv, header.length, header.first_token, header.first_logprob)
                 self.engine.insert(prefix, slot, header.sampling)
             except (protocol.ProtocolError, ValueError) as exc:
+                self.slots.release(rid)  # the engine never took it: nothing to free there
                 self.failed_inserts += 1
-                self.fail([header.request_id], f"cannot insert prefix: {exc}")
+                self.fail([rid], f"cannot insert prefix: {exc}")
                 continue
-            self.slots[slot] = Slot(
-                header.request_id, header.detok_index, header.stop, 1, header.length + 1
-            )
-            self.slot_of[header.request_id] = slot
-            log.info("%s inserted in slot %d", header.request_id, slot)
+            log.info("%s inserted in slot %d", rid, slot)
 
     # ---- the decode step ----
     def step(self) -> None:
+        """Advance every live slot by one token; send each detok worker its tokens of the step."""
         start = time.perf_counter()
         if self._last_step_start is not None:
             self.step_gap.observe(start - self._last_step_start)
         self._last_step_start = start
         out = self.engine.generate()
-        tokens = out.tokens.tolist()
-        logprobs = out.logprobs.tolist()
         self.steps += 1
+        batches = self.collect(out.tokens.tolist(), out.logprobs.tolist())
+        self.send_batches(batches)
+        self.step_time.observe(time.perf_counter() - start)
+
+    def collect(self, tokens: list[int], logprobs: list[float]) -> dict[int, TokenBatch]:
+        """The step's tokens (indexed by slot) grouped by detok worker, in slot order within each
+        batch; a slot whose token finishes its request is freed."""
         batches: dict[int, TokenBatch] = {}
         max_seq_len = self.engine.max_seq_len
-        for slot, state in enumerate(self.slots):
-            if state is None:
-                continue
+        for slot, state in self.slots.live():
             token = tokens[slot]
             seq = state.next_seq
             state.next_seq += 1
@@ -193,21 +184,23 @@ class DecodeWorker(WorkerLoop):
             batch.finishes.append(finish)
             if finish != TokenFinish.NONE:
                 log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
-                del self.slot_of[state.request_id]
-                self.slots[slot] = None
+                self.slots.release(state.request_id)
                 self.engine.free(slot)
+        return batches
+
+    def send_batches(self, batches: dict[int, TokenBatch]) -> None:
+        """One TokenBatch per detok worker with tokens in this step; sends never block."""
         for detok_index, batch in batches.items():
             self.detoks[detok_index].send(batch)
         self.batches_sent += len(batches)
         self.tokens_sent += sum(len(b.tokens) for b in batches.values())
-        self.step_time.observe(time.perf_counter() - start)
 
     # ---- lifecycle ----
     def load(self) -> DecodeLoad:
         return DecodeLoad(
-            num_slots=len(self.slots),
-            free_slots=len(self.slots) - len(self.slot_of),
-            live=len(self.slot_of),
+            num_slots=self.slots.capacity,
+            free_slots=self.slots.free_count,
+            live=len(self.slots),
             pending=len(self.pending),
             steps=self.steps,
             batches_sent=self.batches_sent,
@@ -219,4 +212,4 @@ class DecodeWorker(WorkerLoop):
         )
 
     def idle(self) -> bool:
-        return not self.slot_of and not self.pending
+        return not self.slots and not self.pending
