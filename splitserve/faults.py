@@ -5,7 +5,8 @@ SPLITSERVE_FAULTS="prefill_to_detok_delay=0.3,decode_to_detok_reorder=1,prefill_
 Each key is a path name and a fault: <path>_delay (seconds every message is held), <path>_reorder
 (consecutive messages go out in swapped pairs), <path>_drop (every message is lost, as in a crash
 between two sends). The paths the workers name are prefill_to_detok, prefill_to_decode,
-decode_to_detok and detok_to_decode.
+decode_to_detok, detok_to_decode and <role>_to_router (heartbeats, on a socket of their own, are
+never faulted).
 
 The worker shell wraps each of its senders with FaultInjector.wrap() and calls release_due() once
 per loop pass; with no faults configured, wrap() returns the sender itself and release_due() has
