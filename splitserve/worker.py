@@ -72,6 +72,7 @@ class WorkerLoop:
         # message type -> handler; each role fills it with the messages it takes
         self.handlers: dict[type, Handler] = {}
         self._next_heartbeat = 0.0
+        self._drain_deadline: float | None = None
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
 
     # ---- provided by each role ----
@@ -114,37 +115,47 @@ class WorkerLoop:
         return [self.connect(endpoint, path) for endpoint in self.config.addresses.detok]
 
     def run(self) -> None:
+        """Warm up and report Ready, then loop until stopped and drained."""
+        self.announce_ready()
+        heartbeats_done = threading.Event()
+        heart = threading.Thread(
+            target=self._heartbeat_loop, args=(heartbeats_done,), name=f"{self.role}-heartbeat",
+            daemon=True,
+        )  # fmt: skip
+        heart.start()
+        try:
+            while not self.drained():
+                self.loop_once()
+                self.faults.release_due()
+                self.maybe_snapshot()
+        finally:
+            heartbeats_done.set()
+            heart.join(timeout=5)
+            self.shutdown()
+
+    def announce_ready(self) -> None:
         info = self.warmup()
         if threading.current_thread() is threading.main_thread():  # this process is the role's
             freeze_startup_objects()
         self.router.send(Ready(self.role, self.index, self.pid, PROTOCOL_VERSION, info))
         log.info("%s[%d] ready (pid %d)", self.role, self.index, self.pid)
         self.take_snapshot()
-        beating = threading.Event()
-        heart = threading.Thread(
-            target=self._heartbeat_loop, args=(beating,), name=f"{self.role}-heartbeat", daemon=True
-        )
-        heart.start()
-        drain_deadline = None
-        try:
-            while True:
-                if self.stop.is_set():
-                    if drain_deadline is None:
-                        drain_deadline = time.monotonic() + self.config.lifecycle.drain_timeout_s
-                        log.info("%s[%d] draining", self.role, self.index)
-                    if self.idle() or time.monotonic() > drain_deadline:
-                        break
-                self.loop_once()
-                self.faults.release_due()
-                self.maybe_snapshot()
-        finally:
-            beating.set()
-            heart.join(timeout=5)
-            self.close()
-            self.receiver.close()
-            for sender in self._senders:
-                sender.close()
-            log.info("%s[%d] stopped", self.role, self.index)
+
+    def drained(self) -> bool:
+        """Stopped, and idle or out of drain time: the loop may end."""
+        if not self.stop.is_set():
+            return False
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.config.lifecycle.drain_timeout_s
+            log.info("%s[%d] draining", self.role, self.index)
+        return self.idle() or time.monotonic() > self._drain_deadline
+
+    def shutdown(self) -> None:
+        self.close()
+        self.receiver.close()
+        for sender in self._senders:
+            sender.close()
+        log.info("%s[%d] stopped", self.role, self.index)
 
     def receive(self, wait: bool) -> list[tuple[Any, list[Any]]]:
         """The messages waiting now; with wait, block first until one comes or a snapshot is due."""
