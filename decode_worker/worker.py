@@ -19,16 +19,12 @@ A request's path through this process:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from typing import Any
 
-import zmq
-
 from decode_worker.slots import Slot, SlotTable
 from splitserve import protocol
-from splitserve.config import ClusterConfig
 from splitserve.engine.interface import Prefix
 from splitserve.protocol import (
     Abort,
@@ -51,15 +47,8 @@ log = logging.getLogger(__name__)
 class DecodeWorker(WorkerLoop):
     role = "decode"
 
-    def __init__(
-        self,
-        config: ClusterConfig,
-        index: int,
-        ctx: zmq.Context,
-        stop: threading.Event,
-        environ: dict[str, str],
-    ):
-        super().__init__(config, index, ctx, stop, environ)
+    def setup(self) -> None:
+        config = self.config
         self.engine = self.make_engine()
         self.detoks = self.detok_senders("decode_to_detok")
         self.slots = SlotTable(self.engine.num_slots)

@@ -17,14 +17,10 @@ A request's path through this process:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
-import zmq
-
 from detok_worker.stream import Stream
-from splitserve.config import ClusterConfig
 from splitserve.protocol import (
     Abort,
     DetokLoad,
@@ -46,15 +42,8 @@ log = logging.getLogger(__name__)
 class DetokWorker(WorkerLoop):
     role = "detok"
 
-    def __init__(
-        self,
-        config: ClusterConfig,
-        index: int,
-        ctx: zmq.Context,
-        stop: threading.Event,
-        environ: dict[str, str],
-    ):
-        super().__init__(config, index, ctx, stop, environ)
+    def setup(self) -> None:
+        config = self.config
         self.table = load_tokenizer(tokenizer_path(config.model)).token_table()
         self.decode = self.connect(config.addresses.decode, "detok_to_decode")
         self.streams: dict[str, Stream] = {}

@@ -18,15 +18,11 @@ A request's path through this process:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from typing import Any
 
-import zmq
-
 from splitserve import protocol
-from splitserve.config import ClusterConfig
 from splitserve.engine.interface import Prefix
 from splitserve.protocol import (
     Abort,
@@ -49,15 +45,8 @@ log = logging.getLogger(__name__)
 class PrefillWorker(WorkerLoop):
     role = "prefill"
 
-    def __init__(
-        self,
-        config: ClusterConfig,
-        index: int,
-        ctx: zmq.Context,
-        stop: threading.Event,
-        environ: dict[str, str],
-    ):
-        super().__init__(config, index, ctx, stop, environ)
+    def setup(self) -> None:
+        config = self.config
         self.engine = self.make_engine()
         self.decode = self.connect(config.addresses.decode, "prefill_to_decode")
         self.detoks = self.detok_senders("prefill_to_detok")

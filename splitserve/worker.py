@@ -6,9 +6,10 @@ loop pass), the engine factory, the message dispatch (a table from message type 
 each role fills; other types are counted as malformed), failing requests, Ready, the heartbeat
 thread and the drain on stop.
 
-A role subclasses WorkerLoop, fills self.handlers, and provides own_address(), warmup(),
-loop_once(), load() and idle(). The same class runs as an OS process (python -m <role>) or as a
-thread (threads mode); only the zmq context, the stop event and the environment come from outside.
+A role subclasses WorkerLoop and provides setup() (its state, senders and self.handlers),
+own_address(), warmup(), loop_once(), load() and idle(). The same class runs as an OS process
+(python -m <role>) or as a thread (threads mode); only the zmq context, the stop event and the
+environment come from outside.
 """
 
 from __future__ import annotations
@@ -74,8 +75,12 @@ class WorkerLoop:
         self._next_heartbeat = 0.0
         self._drain_deadline: float | None = None
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
+        self.setup()
 
     # ---- provided by each role ----
+    def setup(self) -> None:
+        """The role's own state, senders and handler table; called at the end of __init__."""
+
     def own_address(self) -> str:
         raise NotImplementedError
 
