@@ -6,11 +6,12 @@ A request's path through this process:
  2. If the request was aborted or finished by a stop string before its prefix arrived, the prefix
     is dropped (tombstones remember such ids for a while). Otherwise it waits in a bounded pending
     queue.
- 3. At the top of each loop pass, pending prefixes go into free slots (engine.insert).
+ 3. Once a loop pass has handled its messages, pending prefixes take free slots of the slot table
+    (lowest index first) and go into the engine (engine.insert).
  4. One engine.generate() step advances every live slot by one token.
  5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit).
- 6. The tokens of the step are grouped by their stamped detok worker and sent as one TokenBatch per
-    detok worker (only to those with tokens); sends never block.
+ 6. The tokens of the step are grouped by their stamped detok worker, in slot order, and sent as
+    one TokenBatch per detok worker (only to those with tokens); sends never block.
  7. A slot is freed on a finishing token, on Abort from the router, or on Finish from the detok
     worker (stop string) - each within one step of the message arriving.
 """
@@ -18,67 +19,39 @@ A request's path through this process:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
-import zmq
-
+from decode_worker.slots import Slot, SlotTable
 from splitserve import protocol
-from splitserve.config import ClusterConfig
-from splitserve.engine import build_engine
 from splitserve.engine.interface import Prefix
 from splitserve.protocol import (
+    Abort,
     DecodeLoad,
+    Finish,
     PrefixHeader,
-    RequestFailed,
     Source,
-    StopCriteria,
     TokenBatch,
     TokenFinish,
     WorkerInfo,
 )
 from splitserve.stats import Histogram
 from splitserve.stopping import token_finish
-from splitserve.tokenizer_path import engine_vocab_size
 from splitserve.tombstones import Tombstones
-from splitserve.transport import detok_sender, faults_from_env
 from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Slot:
-    request_id: str
-    detok_index: int
-    stop: StopCriteria
-    next_seq: int  # output position of the next token
-    context_len: int  # prompt + output tokens so far
-
-
 class DecodeWorker(WorkerLoop):
     role = "decode"
 
-    def __init__(
-        self,
-        config: ClusterConfig,
-        index: int,
-        ctx: zmq.Context,
-        stop: threading.Event,
-        environ: dict[str, str],
-    ):
-        super().__init__(config, index, ctx, stop)
-        self.engine = build_engine(config.model, engine_vocab_size(config.model))
-        faults = faults_from_env(environ)
-        self.detoks = [
-            detok_sender(ctx, addr, self.counters, faults, "decode_to_detok")
-            for addr in config.addresses.detok
-        ]
-        self.slots: list[Slot | None] = [None] * self.engine.num_slots
-        self.slot_of: dict[str, int] = {}
+    def setup(self) -> None:
+        config = self.config
+        self.engine = self.make_engine()
+        self.detoks = self.detok_senders("decode_to_detok")
+        self.slots = SlotTable(self.engine.num_slots)
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
         # the router admits at most max_running requests; the slack covers prefixes of aborted
         # requests that arrive before their Abort does (they are dropped when it comes)
@@ -91,6 +64,11 @@ class DecodeWorker(WorkerLoop):
         self.tokens_sent = 0
         self._last_step_start: float | None = None
         self.failed_inserts = 0
+        self.handlers = {
+            PrefixHeader: self.on_prefix,
+            Abort: self.on_release,
+            Finish: self.on_release,
+        }
 
     def own_address(self) -> str:
         return self.config.addresses.decode
@@ -99,37 +77,23 @@ class DecodeWorker(WorkerLoop):
         self.engine.warmup(prefill=False)  # only this role's side of the engine
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, num_slots=self.engine.num_slots)
 
-    # ---- messages ----
     def loop_once(self) -> None:
-        if not self.slot_of and not self.pending:
+        idle = self.idle()
+        if idle:
             self._last_step_start = None  # an idle pause is not a stall
-            self.receiver.poll(self.poll_timeout_ms())
-        for msg, frames in self.receiver.drain():
-            self.handle(msg, frames)
+        self.dispatch(self.receive(wait=idle))
         self.insert_pending()
-        if self.slot_of:
+        if self.slots:
             self.step()
-        for d in self.detoks:
-            tick = getattr(d, "tick", None)
-            if tick:
-                tick()
         self.gone.prune()
 
-    def handle(self, msg: Any, frames: list[Any]) -> None:
-        if isinstance(msg, PrefixHeader):
-            self.accept_prefix(msg, frames)
-        elif isinstance(msg, protocol.Abort | protocol.Finish):
-            for rid in msg.request_ids:
-                self.release(rid)
-        else:
-            self.counters.malformed += 1
-            log.warning("decode: unexpected %s", type(msg).__name__)
-
-    def accept_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
+    # ---- messages ----
+    def on_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
+        """A prefix from prefill (its KV arrays in frames) waits for a free slot."""
         rid = header.request_id
         if rid in self.gone:
             return
-        if rid in self.slot_of or any(h.request_id == rid for h, _ in self.pending):
+        if rid in self.slots or any(h.request_id == rid for h, _ in self.pending):
             self.fail([rid], "duplicate request id at decode")
             return
         if not 0 <= header.detok_index < len(self.detoks):
@@ -140,13 +104,16 @@ class DecodeWorker(WorkerLoop):
             return
         self.pending.append((header, frames))
 
+    def on_release(self, msg: Abort | Finish, _frames: list[Any]) -> None:
+        for rid in msg.request_ids:
+            self.release(rid)
+
     def release(self, rid: str) -> None:
         """Abort or stop-string finish: free the slot now, or drop the prefix when it arrives."""
         self.gone.add(rid)
-        slot = self.slot_of.pop(rid, None)
+        slot = self.slots.release(rid)
         if slot is not None:
             log.info("%s released from slot %d", rid, slot)
-            self.slots[slot] = None
             self.engine.free(slot)
             return
         for i, (h, _) in enumerate(self.pending):
@@ -155,42 +122,40 @@ class DecodeWorker(WorkerLoop):
                 return
 
     def insert_pending(self) -> None:
-        while self.pending and len(self.slot_of) < len(self.slots):
+        while self.pending and self.slots.free_count:
             header, frames = self.pending.popleft()
-            slot = self.slots.index(None)
+            rid = header.request_id
+            slot = self.slots.take(Slot(rid, header.detok_index, header.stop, 1, header.length + 1))
             try:
                 kv = protocol.arrays_from_frames(header.kv_meta, frames)
                 prefix = Prefix(kv, header.length, header.first_token, header.first_logprob)
                 self.engine.insert(prefix, slot, header.sampling)
             except (protocol.ProtocolError, ValueError) as exc:
+                self.slots.release(rid)  # the engine never took it: nothing to free there
                 self.failed_inserts += 1
-                self.fail([header.request_id], f"cannot insert prefix: {exc}")
+                self.fail([rid], f"cannot insert prefix: {exc}")
                 continue
-            self.slots[slot] = Slot(
-                header.request_id, header.detok_index, header.stop, 1, header.length + 1
-            )
-            self.slot_of[header.request_id] = slot
-            log.info("%s inserted in slot %d", header.request_id, slot)
-
-    def fail(self, request_ids: list[str], message: str) -> None:
-        log.warning("decode: failing %s: %s", request_ids, message)
-        self.router.send(RequestFailed(request_ids, self.role, message))
+            log.info("%s inserted in slot %d", rid, slot)
 
     # ---- the decode step ----
     def step(self) -> None:
+        """Advance every live slot by one token; send each detok worker its tokens of the step."""
         start = time.perf_counter()
         if self._last_step_start is not None:
             self.step_gap.observe(start - self._last_step_start)
         self._last_step_start = start
         out = self.engine.generate()
-        tokens = out.tokens.tolist()
-        logprobs = out.logprobs.tolist()
         self.steps += 1
+        batches = self.collect(out.tokens.tolist(), out.logprobs.tolist())
+        self.send_batches(batches)
+        self.step_time.observe(time.perf_counter() - start)
+
+    def collect(self, tokens: list[int], logprobs: list[float]) -> dict[int, TokenBatch]:
+        """The step's tokens (indexed by slot) grouped by detok worker, in slot order within each
+        batch; a slot whose token finishes its request is freed."""
         batches: dict[int, TokenBatch] = {}
         max_seq_len = self.engine.max_seq_len
-        for slot, state in enumerate(self.slots):
-            if state is None:
-                continue
+        for slot, state in self.slots.live():
             token = tokens[slot]
             seq = state.next_seq
             state.next_seq += 1
@@ -208,21 +173,23 @@ class DecodeWorker(WorkerLoop):
             batch.finishes.append(finish)
             if finish != TokenFinish.NONE:
                 log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
-                del self.slot_of[state.request_id]
-                self.slots[slot] = None
+                self.slots.release(state.request_id)
                 self.engine.free(slot)
+        return batches
+
+    def send_batches(self, batches: dict[int, TokenBatch]) -> None:
+        """One TokenBatch per detok worker with tokens in this step; sends never block."""
         for detok_index, batch in batches.items():
             self.detoks[detok_index].send(batch)
         self.batches_sent += len(batches)
         self.tokens_sent += sum(len(b.tokens) for b in batches.values())
-        self.step_time.observe(time.perf_counter() - start)
 
     # ---- lifecycle ----
     def load(self) -> DecodeLoad:
         return DecodeLoad(
-            num_slots=len(self.slots),
-            free_slots=len(self.slots) - len(self.slot_of),
-            live=len(self.slot_of),
+            num_slots=self.slots.capacity,
+            free_slots=self.slots.free_count,
+            live=len(self.slots),
             pending=len(self.pending),
             steps=self.steps,
             batches_sent=self.batches_sent,
@@ -234,8 +201,4 @@ class DecodeWorker(WorkerLoop):
         )
 
     def idle(self) -> bool:
-        return not self.slot_of and not self.pending
-
-    def close(self) -> None:
-        for d in self.detoks:
-            d.close()
+        return not self.slots and not self.pending

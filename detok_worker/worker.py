@@ -17,14 +17,10 @@ A request's path through this process:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
-import zmq
-
 from detok_worker.stream import Stream
-from splitserve.config import ClusterConfig
 from splitserve.protocol import (
     Abort,
     DetokLoad,
@@ -38,7 +34,6 @@ from splitserve.stats import Histogram
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import load_tokenizer
 from splitserve.tombstones import Tombstones
-from splitserve.transport import Sender
 from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
@@ -47,17 +42,10 @@ log = logging.getLogger(__name__)
 class DetokWorker(WorkerLoop):
     role = "detok"
 
-    def __init__(
-        self,
-        config: ClusterConfig,
-        index: int,
-        ctx: zmq.Context,
-        stop: threading.Event,
-        environ: dict[str, str],
-    ):
-        super().__init__(config, index, ctx, stop)
+    def setup(self) -> None:
+        config = self.config
         self.table = load_tokenizer(tokenizer_path(config.model)).token_table()
-        self.decode = Sender(ctx, config.addresses.decode, self.counters)
+        self.decode = self.connect(config.addresses.decode, "detok_to_decode")
         self.streams: dict[str, Stream] = {}
         # tokens of streams not opened yet: rid -> (first seen, [(seq, token, logprob, finish)])
         self.early: dict[str, tuple[float, list[tuple[int, int, float, int]]]] = {}
@@ -68,6 +56,8 @@ class DetokWorker(WorkerLoop):
         self.batches_out = 0
         self.broken_streams = 0
         self.opened: list[str] = []  # streams opened in this pass, logged once its text is out
+        self.touched: dict[str, Stream] = {}  # streams that took tokens in this pass
+        self.handlers = {TokenBatch: self.on_tokens, Abort: self.on_abort}
 
     def own_address(self) -> str:
         return self.config.addresses.detok[self.index]
@@ -76,30 +66,28 @@ class DetokWorker(WorkerLoop):
         return WorkerInfo(vocab_size=len(self.table.pieces))
 
     def loop_once(self) -> None:
-        self.receiver.poll(self.poll_timeout_ms())
-        messages = self.receiver.drain()
+        messages = self.receive(wait=True)
         if messages:
             start = time.perf_counter()
-            touched: dict[str, Stream] = {}
-            for msg, _frames in messages:
-                self.handle(msg, touched)
-            self.emit(touched)
+            self.dispatch(messages)
+            self.emit()
             self.pass_time.observe(time.perf_counter() - start)
         self.prune()
 
-    def handle(self, msg: Any, touched: dict[str, Stream]) -> None:
-        if isinstance(msg, TokenBatch):
-            self.batches_in += 1
-            self.absorb(msg, touched)
-        elif isinstance(msg, Abort):
-            for rid in msg.request_ids:
-                self.forget(rid)
-                touched.pop(rid, None)
-        else:
-            self.counters.malformed += 1
-            log.warning("detok[%d]: unexpected %s", self.index, type(msg).__name__)
+    # ---- messages ----
+    def on_tokens(self, batch: TokenBatch, _frames: list[Any]) -> None:
+        self.batches_in += 1
+        self.absorb(batch)
 
-    def absorb(self, batch: TokenBatch, touched: dict[str, Stream]) -> None:
+    def on_abort(self, msg: Abort, _frames: list[Any]) -> None:
+        for rid in msg.request_ids:
+            self.forget(rid)
+            self.touched.pop(rid, None)
+
+    # ---- the detok pass ----
+    def absorb(self, batch: TokenBatch) -> None:
+        """Open the streams the batch opens, then buffer each token in its stream."""
+        touched = self.touched
         n = len(batch.request_ids)
         if not (
             len(batch.seqs) == len(batch.tokens) == len(batch.logprobs) == len(batch.finishes) == n
@@ -137,10 +125,12 @@ class DetokWorker(WorkerLoop):
             self.broken_streams += 1
             log.warning("detok[%d]: %s", self.index, exc)
 
-    def emit(self, touched: dict[str, Stream]) -> None:
+    def emit(self) -> None:
+        """Every touched stream's text delta to the router in one TextBatch; Finish to decode for
+        streams a stop string ended."""
         deltas: list[TextDelta] = []
         stopped: list[str] = []
-        for rid, stream in touched.items():
+        for rid, stream in self.touched.items():
             delta = stream.advance()
             if delta is None:
                 continue
@@ -160,6 +150,7 @@ class DetokWorker(WorkerLoop):
         for rid in self.opened:  # logged after the sends: a first token is what a client awaits
             log.info("%s stream opened", rid)
         self.opened.clear()
+        self.touched.clear()
 
     def forget(self, rid: str) -> None:
         self.streams.pop(rid, None)
@@ -173,6 +164,7 @@ class DetokWorker(WorkerLoop):
             for rid in [r for r, (t, _) in self.early.items() if t < horizon]:
                 del self.early[rid]
 
+    # ---- lifecycle ----
     def load(self) -> DetokLoad:
         return DetokLoad(
             streams=len(self.streams),
@@ -187,6 +179,3 @@ class DetokWorker(WorkerLoop):
 
     def idle(self) -> bool:
         return not self.streams
-
-    def close(self) -> None:
-        self.decode.close()

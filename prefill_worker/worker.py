@@ -18,22 +18,18 @@ A request's path through this process:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from typing import Any
 
-import zmq
-
 from splitserve import protocol
-from splitserve.config import ClusterConfig
-from splitserve.engine import build_engine
+from splitserve.engine.interface import Prefix
 from splitserve.protocol import (
+    Abort,
     GenerateRequest,
     OpenStream,
     PrefillLoad,
     PrefixHeader,
-    RequestFailed,
     Source,
     TokenBatch,
     TokenFinish,
@@ -41,8 +37,6 @@ from splitserve.protocol import (
 )
 from splitserve.stats import Histogram
 from splitserve.stopping import token_finish
-from splitserve.tokenizer_path import engine_vocab_size
-from splitserve.transport import Sender, detok_sender, faults_from_env
 from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
@@ -51,28 +45,16 @@ log = logging.getLogger(__name__)
 class PrefillWorker(WorkerLoop):
     role = "prefill"
 
-    def __init__(
-        self,
-        config: ClusterConfig,
-        index: int,
-        ctx: zmq.Context,
-        stop: threading.Event,
-        environ: dict[str, str],
-    ):
-        super().__init__(config, index, ctx, stop)
-        self.engine = build_engine(config.model, engine_vocab_size(config.model), role="prefill")
-        faults = faults_from_env(environ)
-        self.decode = Sender(ctx, config.addresses.decode, self.counters)
-        self.detoks = [
-            detok_sender(ctx, addr, self.counters, faults, "prefill_to_detok")
-            for addr in config.addresses.detok
-        ]
-        # test-only: lose every prefix on its way to decode, as a crash between the two sends would
-        self.drop_prefixes = bool(faults.get("prefill_to_decode_drop", 0.0))
+    def setup(self) -> None:
+        config = self.config
+        self.engine = self.make_engine()
+        self.decode = self.connect(config.addresses.decode, "prefill_to_decode")
+        self.detoks = self.detok_senders("prefill_to_detok")
         self.queue: deque[GenerateRequest] = deque()
         self.max_queue = config.router.max_running + config.router.max_queued
         self.prefill_time = Histogram()
         self.prefills = 0
+        self.handlers = {GenerateRequest: self.on_generate, Abort: self.on_abort}
 
     def own_address(self) -> str:
         return self.config.addresses.prefill
@@ -82,47 +64,57 @@ class PrefillWorker(WorkerLoop):
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, vocab_size=self.engine.vocab_size)
 
     def loop_once(self) -> None:
-        if not self.queue:
-            self.receiver.poll(self.poll_timeout_ms())
-        for msg, _frames in self.receiver.drain():
-            self.handle(msg)
+        self.dispatch(self.receive(wait=not self.queue))
         if self.queue:
             self.prefill(self.queue.popleft())
-        for d in self.detoks:
-            tick = getattr(d, "tick", None)
-            if tick:
-                tick()
 
-    def handle(self, msg: Any) -> None:
-        if isinstance(msg, GenerateRequest):
-            if len(self.queue) >= self.max_queue:
-                self.fail([msg.request_id], "prefill worker overloaded: queue full")
-            else:
-                self.queue.append(msg)
-        elif isinstance(msg, protocol.Abort):
-            gone = set(msg.request_ids)
-            self.queue = deque(r for r in self.queue if r.request_id not in gone)
+    # ---- messages ----
+    def on_generate(self, req: GenerateRequest, _frames: list[Any]) -> None:
+        if len(self.queue) >= self.max_queue:
+            self.fail([req.request_id], "prefill worker overloaded: queue full")
         else:
-            self.counters.malformed += 1
-            log.warning("prefill: unexpected %s", type(msg).__name__)
+            self.queue.append(req)
 
+    def on_abort(self, msg: Abort, _frames: list[Any]) -> None:
+        gone = set(msg.request_ids)
+        self.queue = deque(r for r in self.queue if r.request_id not in gone)
+
+    # ---- the prefill ----
     def prefill(self, req: GenerateRequest) -> None:
-        rid = req.request_id
-        if not 0 <= req.detok_index < len(self.detoks):
-            self.fail([rid], f"detok index {req.detok_index} out of range")
-            return
-        if not req.prompt or any(not 0 <= t < self.engine.vocab_size for t in req.prompt):
-            self.fail([rid], "prompt token ids must be non-empty and within the vocabulary")
+        """Run one prompt: its first token goes to the detok worker, then its prefix to decode."""
+        problem = self.invalid(req)
+        if problem:
+            self.fail([req.request_id], problem)
             return
         start = time.perf_counter()
         try:
             prefix = self.engine.prefill(req.prompt, req.sampling)
         except ValueError as exc:  # a request the engine cannot run (too long, bad params)
-            self.fail([rid], f"prefill failed: {exc}")
+            self.fail([req.request_id], f"prefill failed: {exc}")
             return
         took = time.perf_counter() - start
         max_seq_len = self.engine.max_seq_len
         finish = token_finish(req.stop, prefix.first_token, 1, prefix.length + 1, max_seq_len)
+        self.send_first_token(req, prefix, finish)
+        if finish == TokenFinish.NONE:
+            self.send_prefix(req, prefix)
+        # bookkeeping after the sends: nothing here delays the first token
+        self.prefill_time.observe(took)
+        self.prefills += 1
+        log.info("%s prefilled: %d tokens in %.1f ms, detok %d", req.request_id, prefix.length,
+                 took * 1e3, req.detok_index)  # fmt: skip
+
+    def invalid(self, req: GenerateRequest) -> str | None:
+        """Why this request cannot be prefilled here, if it cannot."""
+        if not 0 <= req.detok_index < len(self.detoks):
+            return f"detok index {req.detok_index} out of range"
+        if not req.prompt or any(not 0 <= t < self.engine.vocab_size for t in req.prompt):
+            return "prompt token ids must be non-empty and within the vocabulary"
+        return None
+
+    def send_first_token(self, req: GenerateRequest, prefix: Prefix, finish: TokenFinish) -> None:
+        """Sequence 0 to the pinned detok worker, opening the stream with its detok parameters."""
+        rid = req.request_id
         first = TokenBatch(
             Source.PREFILL,
             self.prefills + 1,
@@ -134,28 +126,22 @@ class PrefillWorker(WorkerLoop):
             [OpenStream(rid, req.detok, req.logprobs)],
         )
         self.detoks[req.detok_index].send(first)
-        if finish == TokenFinish.NONE and not self.drop_prefixes:
-            header = PrefixHeader(
-                rid,
-                req.detok_index,
-                prefix.length,
-                prefix.first_token,
-                prefix.first_logprob,
-                req.sampling,
-                req.stop,
-                protocol.kv_meta(prefix.kv),
-            )
-            self.decode.send(header, prefix.kv)
-        # bookkeeping after the sends: nothing here delays the first token
-        self.prefill_time.observe(took)
-        self.prefills += 1
-        log.info("%s prefilled: %d tokens in %.1f ms, detok %d", rid, prefix.length, took * 1e3,
-                 req.detok_index)  # fmt: skip
 
-    def fail(self, request_ids: list[str], message: str) -> None:
-        log.warning("prefill: failing %s: %s", request_ids, message)
-        self.router.send(RequestFailed(request_ids, self.role, message))
+    def send_prefix(self, req: GenerateRequest, prefix: Prefix) -> None:
+        """The KV cache (as extra frames) and the first token to the decode worker."""
+        header = PrefixHeader(
+            req.request_id,
+            req.detok_index,
+            prefix.length,
+            prefix.first_token,
+            prefix.first_logprob,
+            req.sampling,
+            req.stop,
+            protocol.kv_meta(prefix.kv),
+        )
+        self.decode.send(header, prefix.kv)
 
+    # ---- lifecycle ----
     def load(self) -> PrefillLoad:
         return PrefillLoad(
             queue=len(self.queue),
@@ -166,8 +152,3 @@ class PrefillWorker(WorkerLoop):
 
     def idle(self) -> bool:
         return not self.queue
-
-    def close(self) -> None:
-        self.decode.close()
-        for d in self.detoks:
-            d.close()

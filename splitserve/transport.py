@@ -7,10 +7,7 @@ and the count travels in heartbeats, so a dead peer is a visible condition, neve
 
 from __future__ import annotations
 
-import heapq
 import logging
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -92,90 +89,3 @@ class Sender:
 
     def close(self) -> None:
         self.socket.close(linger=0)
-
-
-@dataclass(order=True)
-class _Held:
-    due: float
-    order: int
-    frames: list[Any] = field(compare=False)
-
-
-class FaultySender:
-    """Test-only fault injection around a Sender: delays every message, or swaps pairs.
-
-    Configured by the SPLITSERVE_FAULTS environment variable (see faults_from_env); the owning loop
-    calls tick() each pass to release what is due. Never used unless that variable is set.
-    """
-
-    def __init__(self, inner: Sender, delay_s: float = 0.0, reorder: bool = False):
-        self.inner = inner
-        self.delay_s = delay_s
-        self.reorder = reorder
-        self.counters = inner.counters
-        self.endpoint = inner.endpoint
-        self._held: list[_Held] = []
-        self._order = 0
-        self._swap: list[Any] | None = None
-        self._swap_since = 0.0
-
-    def send(self, msg: Any, arrays: list | None = None) -> bool:
-        return self.send_frames(protocol.encode(msg, arrays))
-
-    def send_frames(self, frames: list[Any]) -> bool:
-        # memoryviews may point into buffers the caller reuses: hold bytes copies
-        frames = [bytes(f) for f in frames]
-        if not self.reorder:
-            self._hold(frames)
-        elif self._swap is None:
-            self._swap, self._swap_since = frames, time.monotonic()
-        else:  # the later message goes out first
-            first, self._swap = self._swap, None
-            self._hold(frames)
-            self._hold(first)
-        return True
-
-    def _hold(self, frames: list[Any]) -> None:
-        self._order += 1
-        heapq.heappush(self._held, _Held(time.monotonic() + self.delay_s, self._order, frames))
-
-    def tick(self) -> None:
-        now = time.monotonic()
-        if self._swap is not None and now - self._swap_since > 0.05:  # no partner came: let it go
-            self._hold(self._swap)
-            self._swap = None
-        while self._held and self._held[0].due <= now:
-            self.inner.send_frames(heapq.heappop(self._held).frames)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def faults_from_env(environ: dict[str, str]) -> dict[str, float]:
-    """Parse SPLITSERVE_FAULTS, e.g. "prefill_to_detok_delay=0.3,decode_to_detok_reorder=1"."""
-    spec = environ.get("SPLITSERVE_FAULTS", "")
-    faults: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        key, _, value = part.partition("=")
-        faults[key.strip()] = float(value or 1)
-    return faults
-
-
-def detok_sender(
-    ctx: zmq.Context,
-    endpoint: str,
-    counters: TransportCounters,
-    faults: dict[str, float],
-    path: str,
-) -> Sender | FaultySender:
-    """A sender to a detok worker, wrapped in fault injection when the environment asks for it.
-
-    path is "prefill_to_detok" or "decode_to_detok".
-    """
-    sender = Sender(ctx, endpoint, counters)
-    delay = faults.get(f"{path}_delay", 0.0)
-    reorder = bool(faults.get(f"{path}_reorder", 0.0))
-    if delay or reorder:
-        log.warning("fault injection on %s: delay %.3fs reorder %s", path, delay, reorder)
-        return FaultySender(sender, delay_s=delay, reorder=reorder)
-    return sender

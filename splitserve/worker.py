@@ -1,8 +1,15 @@
-"""What every worker role shares: its receiver, its link to the router, Ready, heartbeats, drain.
+"""The worker shell: what every role shares.
 
-A role subclasses WorkerLoop and provides warmup(), loop_once(), load() and idle(). The same class
-runs as an OS process (python -m <role>) or as a thread (threads mode); only the zmq context and
-the stop event come from outside.
+It owns the role's receiver and its link to the router, the senders the role connects (each
+wrapped by the test-only fault injection of splitserve.faults, which the shell releases once per
+loop pass), the engine factory, the message dispatch (a table from message type to handler that
+each role fills; other types are counted as malformed), failing requests, Ready, the heartbeat
+thread and the drain on stop.
+
+A role subclasses WorkerLoop and provides setup() (its state, senders and self.handlers),
+own_address(), warmup(), loop_once(), load() and idle(). The same class runs as an OS process
+(python -m <role>) or as a thread (threads mode); only the zmq context, the stop event and the
+environment come from outside.
 """
 
 from __future__ import annotations
@@ -12,10 +19,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 from splitserve.config import ClusterConfig
+from splitserve.engine import build_engine
+from splitserve.engine.interface import Engine
+from splitserve.faults import AnySender, FaultInjector
 from splitserve.procutil import freeze_startup_objects
 from splitserve.protocol import (
     PROTOCOL_VERSION,
@@ -24,12 +36,15 @@ from splitserve.protocol import (
     Heartbeat,
     PrefillLoad,
     Ready,
+    RequestFailed,
     TransportCounters,
     WorkerInfo,
 )
+from splitserve.tokenizer_path import engine_vocab_size
 from splitserve.transport import Receiver, Sender
 
 RoleLoad = PrefillLoad | DecodeLoad | DetokLoad
+Handler = Callable[[Any, list[Any]], None]  # (message, its extra frames: KV arrays or none)
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +52,35 @@ log = logging.getLogger(__name__)
 class WorkerLoop:
     role = "worker"
 
-    def __init__(self, config: ClusterConfig, index: int, ctx: zmq.Context, stop: threading.Event):
+    def __init__(
+        self,
+        config: ClusterConfig,
+        index: int,
+        ctx: zmq.Context,
+        stop: threading.Event,
+        environ: dict[str, str],
+    ):
         self.config = config
         self.index = index
         self.ctx = ctx
         self.stop = stop
         self.counters = TransportCounters()
         self.pid = os.getpid()
+        self.faults = FaultInjector.from_env(environ)
+        self._senders: list[AnySender] = []
         self.receiver = Receiver(ctx, self.own_address(), self.counters)
-        self.router = Sender(ctx, config.addresses.router, self.counters)
+        self.router = self.connect(config.addresses.router, f"{self.role}_to_router")
+        # message type -> handler; each role fills it with the messages it takes
+        self.handlers: dict[type, Handler] = {}
         self._next_heartbeat = 0.0
+        self._drain_deadline: float | None = None
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
+        self.setup()
 
     # ---- provided by each role ----
+    def setup(self) -> None:
+        """The role's own state, senders and handler table; called at the end of __init__."""
+
     def own_address(self) -> str:
         raise NotImplementedError
 
@@ -72,36 +103,86 @@ class WorkerLoop:
         pass
 
     # ---- shared ----
+    def make_engine(self) -> Engine:
+        """This role's engine, as the configuration names it (prefill and decode roles)."""
+        model = self.config.model
+        return build_engine(model, engine_vocab_size(model), role=self.role)
+
+    def connect(self, endpoint: str, path: str) -> AnySender:
+        """A sender to endpoint, counted in this worker's transport counters, with whatever faults
+        the environment puts on path (see splitserve.faults); closed when the loop ends."""
+        sender = self.faults.wrap(Sender(self.ctx, endpoint, self.counters), path)
+        self._senders.append(sender)
+        return sender
+
+    def detok_senders(self, path: str) -> list[AnySender]:
+        """One sender per detok worker of the pool, indexed as the requests' detok_index is."""
+        return [self.connect(endpoint, path) for endpoint in self.config.addresses.detok]
+
     def run(self) -> None:
+        """Warm up and report Ready, then loop until stopped and drained."""
+        self.announce_ready()
+        heartbeats_done = threading.Event()
+        heart = threading.Thread(
+            target=self._heartbeat_loop, args=(heartbeats_done,), name=f"{self.role}-heartbeat",
+            daemon=True,
+        )  # fmt: skip
+        heart.start()
+        try:
+            while not self.drained():
+                self.loop_once()
+                self.faults.release_due()
+                self.maybe_snapshot()
+        finally:
+            heartbeats_done.set()
+            heart.join(timeout=5)
+            self.shutdown()
+
+    def announce_ready(self) -> None:
         info = self.warmup()
         if threading.current_thread() is threading.main_thread():  # this process is the role's
             freeze_startup_objects()
         self.router.send(Ready(self.role, self.index, self.pid, PROTOCOL_VERSION, info))
         log.info("%s[%d] ready (pid %d)", self.role, self.index, self.pid)
         self.take_snapshot()
-        beating = threading.Event()
-        heart = threading.Thread(
-            target=self._heartbeat_loop, args=(beating,), name=f"{self.role}-heartbeat", daemon=True
-        )
-        heart.start()
-        drain_deadline = None
-        try:
-            while True:
-                if self.stop.is_set():
-                    if drain_deadline is None:
-                        drain_deadline = time.monotonic() + self.config.lifecycle.drain_timeout_s
-                        log.info("%s[%d] draining", self.role, self.index)
-                    if self.idle() or time.monotonic() > drain_deadline:
-                        break
-                self.loop_once()
-                self.maybe_snapshot()
-        finally:
-            beating.set()
-            heart.join(timeout=5)
-            self.close()
-            self.receiver.close()
-            self.router.close()
-            log.info("%s[%d] stopped", self.role, self.index)
+
+    def drained(self) -> bool:
+        """Stopped, and idle or out of drain time: the loop may end."""
+        if not self.stop.is_set():
+            return False
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.config.lifecycle.drain_timeout_s
+            log.info("%s[%d] draining", self.role, self.index)
+        return self.idle() or time.monotonic() > self._drain_deadline
+
+    def shutdown(self) -> None:
+        self.close()
+        self.receiver.close()
+        for sender in self._senders:
+            sender.close()
+        log.info("%s[%d] stopped", self.role, self.index)
+
+    def receive(self, wait: bool) -> list[tuple[Any, list[Any]]]:
+        """The messages waiting now; with wait, block first until one comes or a snapshot is due."""
+        if wait:
+            self.receiver.poll(self.poll_timeout_ms())
+        return self.receiver.drain()
+
+    def dispatch(self, messages: list[tuple[Any, list[Any]]]) -> None:
+        """Hand each message to the handler for its type; a type this role does not take is
+        counted as malformed (it travels in heartbeats) and skipped."""
+        for msg, frames in messages:
+            handler = self.handlers.get(type(msg))
+            if handler is None:
+                self.counters.malformed += 1
+                log.warning("%s[%d]: unexpected %s", self.role, self.index, type(msg).__name__)
+            else:
+                handler(msg, frames)
+
+    def fail(self, request_ids: list[str], message: str) -> None:
+        """End requests with an error: the router tells their clients."""
+        log.warning("%s[%d]: failing %s: %s", self.role, self.index, request_ids, message)
+        self.router.send(RequestFailed(request_ids, self.role, message))
 
     def maybe_snapshot(self) -> None:
         now = time.monotonic()

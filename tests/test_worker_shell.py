@@ -1,0 +1,152 @@
+"""The worker shell in one process, its loops driven by hand over inproc sockets: each role's
+message table, the malformed count for types a role does not take, fail(), the fault hook, and a
+prefix whose KV frames reach the decode handler through the real receive path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import zmq
+
+from decode_worker.worker import DecodeWorker
+from detok_worker.worker import DetokWorker
+from prefill_worker.worker import PrefillWorker
+from splitserve import protocol
+from splitserve.engine.interface import SamplingParams
+from splitserve.faults import DroppingSender, FaultySender
+from splitserve.protocol import (
+    Abort,
+    DetokParams,
+    GenerateRequest,
+    PrefixHeader,
+    RequestFailed,
+    StopCriteria,
+    TextBatch,
+    TokenBatch,
+    TransportCounters,
+)
+from splitserve.transport import Receiver, Sender
+from tests.pipeline_util import make_config
+
+DEADLINE_S = 10.0
+
+
+@pytest.fixture
+def cluster(tokenizer_512) -> Iterator[Callable]:
+    """make(worker_cls, environ) -> (worker, peers): peers are bound receivers standing in for
+    the router, the detok workers and (for prefill) decode. Every socket goes with the context at
+    the end."""
+    config = make_config(tokenizer_512, "threads")
+    ctx = zmq.Context()
+
+    def make(cls, environ=None):
+        a = config.addresses
+        ends = {"router": a.router, **{f"detok{i}": e for i, e in enumerate(a.detok)}}
+        if cls is not DecodeWorker:
+            ends["decode"] = a.decode
+        if cls is DetokWorker:
+            del ends["detok0"]  # the worker's own address
+        peers = {name: Receiver(ctx, end, TransportCounters()) for name, end in ends.items()}
+        return cls(config, 0, ctx, threading.Event(), environ or {}), peers
+
+    # one worker per test: the worker and its peers bind the cluster's addresses
+
+    try:
+        yield make
+    finally:
+        ctx.destroy(linger=0)
+
+
+def request(rid: str, prompt=(5, 6, 7), max_tokens: int = 8) -> GenerateRequest:
+    return GenerateRequest(
+        rid, 1, list(prompt), SamplingParams(), StopCriteria(max_tokens=max_tokens), DetokParams()
+    )
+
+
+def wait_for_message(receiver: Receiver, kind: type, pump: Callable[[], None] = lambda: None):
+    """The first message of type kind at receiver, pumping a worker loop meanwhile."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        pump()
+        receiver.poll(10)
+        for msg, frames in receiver.drain():
+            if isinstance(msg, kind):
+                return msg, frames
+    raise AssertionError(f"no {kind.__name__} within {DEADLINE_S}s")
+
+
+def test_prefill_table_takes_requests_and_aborts(cluster):
+    worker, _ = cluster(PrefillWorker)
+    worker.dispatch([(request("a"), []), (request("b"), []), (Abort(["a"]), [])])
+    assert [r.request_id for r in worker.queue] == ["b"]
+    assert worker.counters.malformed == 0
+
+
+@pytest.mark.parametrize("cls", [PrefillWorker, DecodeWorker, DetokWorker])
+def test_a_type_the_role_does_not_take_is_counted_and_skipped(cluster, cls):
+    worker, _ = cluster(cls)
+    worker.dispatch([(TextBatch([]), []), (RequestFailed(["x"], "router", "?"), [])])
+    assert worker.counters.malformed == 2
+    assert worker.idle()
+
+
+def test_fail_tells_the_router(cluster):
+    worker, peers = cluster(DecodeWorker)
+    worker.fail(["a", "b"], "something went wrong")
+    msg, _ = wait_for_message(peers["router"], RequestFailed)
+    assert msg == RequestFailed(["a", "b"], "decode", "something went wrong")
+
+
+def test_prefill_sends_first_token_to_detok_and_prefix_to_decode(cluster):
+    worker, peers = cluster(PrefillWorker)
+    worker.dispatch([(request("a"), [])])
+    worker.loop_once()
+    first, _ = wait_for_message(peers["detok1"], TokenBatch)
+    assert first.request_ids == ["a"] and first.seqs == [0]
+    header, frames = wait_for_message(peers["decode"], PrefixHeader)
+    assert header.request_id == "a" and header.first_token == first.tokens[0]
+    assert len(frames) == len(header.kv_meta)
+
+
+def test_prefix_frames_reach_the_decode_handler_and_tokens_leave(cluster):
+    """A PrefixHeader with its KV frames, sent over the socket, is inserted and decoded."""
+    worker, peers = cluster(DecodeWorker)
+    prefix = worker.engine.prefill([5, 6, 7], SamplingParams())
+    header = PrefixHeader(
+        "a", 1, prefix.length, prefix.first_token, prefix.first_logprob, SamplingParams(),
+        StopCriteria(max_tokens=3), protocol.kv_meta(prefix.kv),
+    )  # fmt: skip
+    sender = Sender(worker.ctx, worker.config.addresses.decode, TransportCounters())
+    sender.send(header, prefix.kv)
+    tokens: list[int] = []
+    while len(tokens) < 2:  # tokens 1 and 2; the third (max_tokens) frees the slot
+        batch, _ = wait_for_message(peers["detok1"], TokenBatch, worker.loop_once)
+        assert batch.request_ids == ["a"]
+        tokens += batch.tokens
+    assert worker.slots.free_count == worker.slots.capacity
+    assert worker.idle() and worker.counters.malformed == 0
+
+
+def test_faults_wrap_the_named_paths_only(cluster):
+    spec = "prefill_to_detok_delay=0.3,prefill_to_decode_drop=1"
+    worker, _ = cluster(PrefillWorker, {"SPLITSERVE_FAULTS": spec})
+    assert all(isinstance(d, FaultySender) for d in worker.detoks)
+    assert isinstance(worker.decode, DroppingSender)
+    assert isinstance(worker.router, Sender)
+
+
+def test_without_faults_the_senders_are_plain(cluster):
+    worker, _ = cluster(PrefillWorker)
+    assert all(type(s) is Sender for s in [worker.router, worker.decode, *worker.detoks])
+
+
+def test_delayed_first_token_goes_out_when_the_shell_releases_it(cluster):
+    worker, peers = cluster(PrefillWorker, {"SPLITSERVE_FAULTS": "prefill_to_detok_delay=0.01"})
+    worker.dispatch([(request("a"), [])])
+    worker.loop_once()
+    # held by the fault until release_due(), which the shell's run() calls once per loop pass
+    first, _ = wait_for_message(peers["detok1"], TokenBatch, worker.faults.release_due)
+    assert first.request_ids == ["a"] and first.seqs == [0]
