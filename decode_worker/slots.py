@@ -6,8 +6,9 @@ cannot drift apart. Pure bookkeeping: the worker tells the engine (insert, free)
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 
 from splitserve.protocol import StopCriteria
@@ -18,10 +19,16 @@ class Slot:
     """A live request in a decode slot (always truthy, which live() relies on)."""
 
     request_id: str
+    epoch: int
     detok_index: int
     stop: StopCriteria
     next_seq: int  # output position of the next token
     context_len: int  # prompt + output tokens so far
+    # every token this worker produced for the request (from output position first_seq on), kept
+    # so that a stream moved to another detok worker (Repin) loses none: 4 + 8 bytes a token
+    first_seq: int = 0
+    tokens: array = field(default_factory=lambda: array("i"))
+    logprobs: array = field(default_factory=lambda: array("d"))
 
 
 _state = itemgetter(1)

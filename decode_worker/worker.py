@@ -1,19 +1,23 @@
 """The decode worker: inserts prefixes into free slots and runs the batched decode loop.
 
 A request's path through this process:
- 1. A PrefixHeader (with its KV cache as extra frames) arrives from the prefill worker; the arrays
+ 1. A PrefixHeader (with its KV cache as extra frames) arrives from a prefill worker; the arrays
     are read-only views over the received frames, not copies.
- 2. If the request was aborted or finished by a stop string before its prefix arrived, the prefix
-    is dropped (tombstones remember such ids for a while). Otherwise it waits in a bounded pending
-    queue.
+ 2. If the request was aborted or finished by a stop string (at that placement epoch or a later
+    one) before its prefix arrived, the prefix is dropped (tombstones remember such ids for a
+    while). Otherwise it waits in a bounded pending queue.
  3. Once a loop pass has handled its messages, pending prefixes take free slots of the slot table
     (lowest index first) and go into the engine (engine.insert).
  4. One engine.generate() step advances every live slot by one token.
- 5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit).
+ 5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit) and
+    kept in its slot's history.
  6. The tokens of the step are grouped by their stamped detok worker, in slot order, and sent as
     one TokenBatch per detok worker (only to those with tokens); sends never block.
  7. A slot is freed on a finishing token, on Abort from the router, or on Finish from the detok
     worker (stop string) - each within one step of the message arriving.
+ 8. When a request's detok worker dies, the router's Repin moves its stream: the slot's history
+    from the position the client has reached is sent to the new detok worker, and later tokens
+    follow it there.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from splitserve.protocol import (
     DecodeLoad,
     Finish,
     PrefixHeader,
+    Repin,
     Source,
     TokenBatch,
     TokenFinish,
@@ -50,28 +55,31 @@ class DecodeWorker(WorkerLoop):
     def setup(self) -> None:
         config = self.config
         self.engine = self.make_engine()
-        self.detoks = self.detok_senders("decode_to_detok")
+        self.detok_senders("decode_to_detok")
         self.slots = SlotTable(self.engine.num_slots)
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
         # the router admits at most max_running requests; the slack covers prefixes of aborted
         # requests that arrive before their Abort does (they are dropped when it comes)
         self.max_pending = 2 * config.router.max_running + 4 * self.engine.num_slots
         self.gone = Tombstones(config.lifecycle.state_ttl_s)
+        # Repins of requests whose prefix has not arrived yet: applied when it does
+        # rid -> (when, epoch, detok, from_seq); forgotten after the state TTL
+        self.repins: dict[str, tuple[float, int, int, int]] = {}
         self.step_time = Histogram()
         self.step_gap = Histogram()  # start-to-start time of consecutive busy steps
+        self.insert_time = Histogram()
         self.steps = 0
         self.batches_sent = 0  # TokenBatches to detok workers: at most one per detok per step
         self.tokens_sent = 0
+        self.kv_bytes_received = 0
         self._last_step_start: float | None = None
         self.failed_inserts = 0
-        self.handlers = {
+        self.handlers.update({
             PrefixHeader: self.on_prefix,
             Abort: self.on_release,
             Finish: self.on_release,
-        }
-
-    def own_address(self) -> str:
-        return self.config.addresses.decode
+            Repin: self.on_repin,
+        })  # fmt: skip
 
     def warmup(self) -> WorkerInfo:
         self.engine.warmup(prefill=False)  # only this role's side of the engine
@@ -85,57 +93,105 @@ class DecodeWorker(WorkerLoop):
         self.insert_pending()
         if self.slots:
             self.step()
-        self.gone.prune()
+        self.prune()
 
     # ---- messages ----
     def on_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
         """A prefix from prefill (its KV arrays in frames) waits for a free slot."""
         rid = header.request_id
-        if rid in self.gone:
+        if self.gone.covers(rid, header.epoch):
             return
-        if rid in self.slots or any(h.request_id == rid for h, _ in self.pending):
-            self.fail([rid], "duplicate request id at decode")
-            return
-        if not 0 <= header.detok_index < len(self.detoks):
-            self.fail([rid], f"detok index {header.detok_index} out of range")
+        held = self.slots.get(rid)
+        if held is not None or any(h.request_id == rid for h, _ in self.pending):
+            if held is None or held.epoch >= header.epoch:
+                self.fail([rid], [header.epoch], "duplicate request id at decode")
+                return
+            self.release(rid, held.epoch)  # the request moved on: its older slot is stale
+        if self.detok(header.detok_index) is None:
+            self.fail([rid], [header.epoch], f"detok index {header.detok_index} not in the pool")
             return
         if len(self.pending) >= self.max_pending:
-            self.fail([rid], "decode worker overloaded: pending queue full")
+            self.fail([rid], [header.epoch], "decode worker overloaded: pending queue full")
             return
+        self.kv_bytes_received += sum(len(f) for f in frames)
         self.pending.append((header, frames))
 
     def on_release(self, msg: Abort | Finish, _frames: list[Any]) -> None:
-        for rid in msg.request_ids:
-            self.release(rid)
+        for rid, epoch in zip(msg.request_ids, msg.epochs, strict=False):
+            self.release(rid, epoch)
 
-    def release(self, rid: str) -> None:
-        """Abort or stop-string finish: free the slot now, or drop the prefix when it arrives."""
-        self.gone.add(rid)
-        slot = self.slots.release(rid)
-        if slot is not None:
+    def release(self, rid: str, epoch: int) -> None:
+        """Abort or stop-string finish of a request at `epoch` (or earlier): free its slot now,
+        or drop its prefix when it arrives."""
+        self.gone.add(rid, epoch)
+        self.repins.pop(rid, None)
+        state = self.slots.get(rid)
+        if state is not None and state.epoch <= epoch:
+            slot = self.slots.release(rid)
             log.info("%s released from slot %d", rid, slot)
             self.engine.free(slot)
             return
         for i, (h, _) in enumerate(self.pending):
-            if h.request_id == rid:
+            if h.request_id == rid and h.epoch <= epoch:
                 del self.pending[i]
                 return
+
+    def on_repin(self, msg: Repin, _frames: list[Any]) -> None:
+        """Streams moved to other detok workers: resend what those have not seen, then follow."""
+        batches: dict[int, TokenBatch] = {}
+        for rid, epoch, detok, from_seq in zip(
+            msg.request_ids, msg.epochs, msg.detok_indices, msg.from_seqs, strict=False
+        ):
+            state = self.slots.get(rid)
+            if state is None:  # its prefix is still on its way (or pending): apply it then
+                self.repins[rid] = (time.monotonic(), epoch, detok, from_seq)
+                continue
+            if epoch > state.epoch and self.detok(detok) is not None:
+                self.repin(state, epoch, detok, from_seq, batches)
+        self.send_batches(batches)
+
+    def repin(
+        self, state: Slot, epoch: int, detok: int, from_seq: int, batches: dict[int, TokenBatch]
+    ) -> None:
+        state.epoch, state.detok_index = epoch, detok
+        start = max(0, from_seq - state.first_seq)
+        batch = self.batch_for(batches, detok)
+        for offset in range(start, len(state.tokens)):
+            self.append(batch, state, state.first_seq + offset, state.tokens[offset],
+                        state.logprobs[offset], TokenFinish.NONE)  # fmt: skip
+        log.info("%s repinned to detok %d at epoch %d from seq %d", state.request_id, detok,
+                 epoch, from_seq)  # fmt: skip
 
     def insert_pending(self) -> None:
         while self.pending and self.slots.free_count:
             header, frames = self.pending.popleft()
             rid = header.request_id
-            slot = self.slots.take(Slot(rid, header.detok_index, header.stop, 1, header.length + 1))
+            state = Slot(
+                rid, header.epoch, header.detok_index, header.stop, header.first_seq + 1,
+                header.length + 1, header.first_seq,
+            )  # fmt: skip
+            state.tokens.append(header.first_token)
+            state.logprobs.append(header.first_logprob)
+            slot = self.slots.take(state)
+            start = time.perf_counter()
             try:
                 kv = protocol.arrays_from_frames(header.kv_meta, frames)
-                prefix = Prefix(kv, header.length, header.first_token, header.first_logprob)
+                prefix = Prefix(
+                    kv, header.length, header.first_token, header.first_logprob, header.first_seq
+                )
                 self.engine.insert(prefix, slot, header.sampling)
             except (protocol.ProtocolError, ValueError) as exc:
                 self.slots.release(rid)  # the engine never took it: nothing to free there
                 self.failed_inserts += 1
-                self.fail([rid], f"cannot insert prefix: {exc}")
+                self.fail([rid], [header.epoch], f"cannot insert prefix: {exc}")
                 continue
+            self.insert_time.observe(time.perf_counter() - start)
             log.info("%s inserted in slot %d", rid, slot)
+            repin = self.repins.pop(rid, None)
+            if repin is not None and repin[1] > state.epoch and self.detok(repin[2]) is not None:
+                batches: dict[int, TokenBatch] = {}
+                self.repin(state, *repin[1:], batches)
+                self.send_batches(batches)
 
     # ---- the decode step ----
     def step(self) -> None:
@@ -161,30 +217,51 @@ class DecodeWorker(WorkerLoop):
             state.next_seq += 1
             finish = token_finish(state.stop, token, seq + 1, state.context_len, max_seq_len)
             state.context_len += 1
-            batch = batches.get(state.detok_index)
-            if batch is None:
-                batch = batches[state.detok_index] = TokenBatch(
-                    Source.DECODE, self.steps, [], [], [], [], []
-                )
-            batch.request_ids.append(state.request_id)
-            batch.seqs.append(seq)
-            batch.tokens.append(token)
-            batch.logprobs.append(logprobs[slot])
-            batch.finishes.append(finish)
+            state.tokens.append(token)
+            state.logprobs.append(logprobs[slot])
+            self.append(self.batch_for(batches, state.detok_index), state, seq, token,
+                        logprobs[slot], finish)  # fmt: skip
             if finish != TokenFinish.NONE:
                 log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
                 self.slots.release(state.request_id)
                 self.engine.free(slot)
         return batches
 
+    def batch_for(self, batches: dict[int, TokenBatch], detok: int) -> TokenBatch:
+        batch = batches.get(detok)
+        if batch is None:
+            batch = batches[detok] = TokenBatch(Source.DECODE, self.steps, [], [], [], [], [], [])
+        return batch
+
+    @staticmethod
+    def append(
+        batch: TokenBatch, state: Slot, seq: int, token: int, logprob: float, finish: int
+    ) -> None:
+        batch.request_ids.append(state.request_id)
+        batch.epochs.append(state.epoch)
+        batch.seqs.append(seq)
+        batch.tokens.append(token)
+        batch.logprobs.append(logprob)
+        batch.finishes.append(finish)
+
     def send_batches(self, batches: dict[int, TokenBatch]) -> None:
-        """One TokenBatch per detok worker with tokens in this step; sends never block."""
+        """One TokenBatch per detok worker with tokens in this step; sends never block. A detok
+        worker that left the pool gets nothing: the router moves its streams (Repin)."""
         for detok_index, batch in batches.items():
-            self.detoks[detok_index].send(batch)
+            sender = self.detok(detok_index)
+            if sender is not None:
+                sender.send(batch)
         self.batches_sent += len(batches)
         self.tokens_sent += sum(len(b.tokens) for b in batches.values())
 
     # ---- lifecycle ----
+    def prune(self) -> None:
+        self.gone.prune()
+        if self.repins:
+            horizon = time.monotonic() - self.config.lifecycle.state_ttl_s
+            for rid in [r for r, entry in self.repins.items() if entry[0] < horizon]:
+                del self.repins[rid]
+
     def load(self) -> DecodeLoad:
         return DecodeLoad(
             num_slots=self.slots.capacity,
@@ -196,8 +273,12 @@ class DecodeWorker(WorkerLoop):
             tokens_sent=self.tokens_sent,
             tombstones=len(self.gone),
             failed_inserts=self.failed_inserts,
+            kv_tokens=sum(state.context_len for _, state in self.slots.live()),
+            kv_capacity=self.slots.capacity * self.engine.max_seq_len,
+            kv_bytes_received=self.kv_bytes_received,
             step_time=self.step_time.snapshot(),
             step_gap=self.step_gap.snapshot(),
+            insert_time=self.insert_time.snapshot(),
         )
 
     def idle(self) -> bool:

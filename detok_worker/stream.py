@@ -15,6 +15,8 @@ MAX_OUT_OF_ORDER = 100_000  # a stream further ahead than this of its next token
 @dataclass
 class Stream:
     request_id: str
+    epoch: int  # the placement epoch this state serves; tokens of older epochs are dropped
+    decode_index: int  # the decode worker to tell when a stop string ends the stream
     params: DetokParams
     logprobs: bool
     detokenizer: IncrementalDetokenizer
@@ -26,19 +28,32 @@ class Stream:
     stopped_by_string: bool = False  # the decode worker must then be told to free the slot
 
     @classmethod
-    def open(cls, request_id: str, params: DetokParams, logprobs: bool, table: TokenTable):
+    def open(
+        cls,
+        request_id: str,
+        epoch: int,
+        decode_index: int,
+        params: DetokParams,
+        logprobs: bool,
+        table: TokenTable,
+    ) -> Stream:
         matcher = (
             StopStringMatcher(list(params.stop), params.include_stop_str_in_output)
             if params.stop
             else None
         )
-        return cls(
-            request_id,
-            params,
-            logprobs,
-            IncrementalDetokenizer(table, params.skip_special_tokens),
-            matcher,
-        )
+        detokenizer = IncrementalDetokenizer(table, params.skip_special_tokens)
+        return cls(request_id, epoch, decode_index, params, logprobs, detokenizer, matcher)
+
+    def replay(self, token_ids: list[int]) -> int:
+        """Rebuild the state after token_ids (the tokens the client has had), emitting nothing:
+        the detokenizer's pending bytes and the stop-string window come out as they were when
+        those tokens were first emitted. Returns the length of the text they produced."""
+        emitted = 0
+        for seq, token in enumerate(token_ids, start=self.next_seq):
+            self.add(seq, token, 0.0, TokenFinish.NONE)
+            emitted += len(self.advance().text)
+        return emitted
 
     def add(self, seq: int, token: int, logprob: float, finish: int) -> None:
         """Buffer one token; it is emitted once every earlier sequence number has been."""
@@ -50,7 +65,7 @@ class Stream:
         """Emit every token now in order; None when nothing moved."""
         if self.next_seq not in self.waiting:
             return None
-        delta = TextDelta(self.request_id, "", [], [])
+        delta = TextDelta(self.request_id, self.epoch, self.next_seq, "", [], [])
         pieces: list[str] = []
         while not self.finish_reason and self.next_seq in self.waiting:
             token, logprob, finish = self.waiting.pop(self.next_seq)

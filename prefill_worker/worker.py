@@ -1,16 +1,17 @@
 """The prefill worker: runs each prompt once, samples its first token, and hands the request on.
 
 A request's path through this process:
- 1. A GenerateRequest arrives from the router, already stamped with its detok worker; it waits in a
-    bounded queue (Abort removes it from the queue).
- 2. engine.prefill() runs the prompt (padded to a compiled length bucket) and samples output
-    position 0.
- 3. The finish rules are checked for that first token (max_tokens 1, eos).
- 4. The first token goes straight to the pinned detok worker as a TokenBatch with sequence 0 that
-    opens the stream (detokenization parameters ride along): it leaves first, because it is what
-    the client is waiting for.
+ 1. A GenerateRequest arrives from the router, stamped with its decode worker, its detok worker and
+    its placement epoch; it waits in a bounded queue (an Abort of its epoch removes it).
+ 2. engine.prefill() runs the prompt (padded to a compiled length bucket) and samples the token at
+    output position start_seq (0; or n for a request resumed after its decode worker died, whose
+    prompt then ends with its first n output tokens).
+ 3. The finish rules are checked for that token (max_tokens reached, eos).
+ 4. The token goes straight to the stamped detok worker as a TokenBatch; at position 0 it opens the
+    stream (detokenization parameters ride along; a resumed stream was reopened by the router). It
+    leaves first, because it is what the client is waiting for.
  5. Unless the request already finished, its prefix (the KV cache of the true prompt length as
-    extra frames, plus the first token) goes to the decode worker. Should the detok worker end
+    extra frames, plus that token) goes to the stamped decode worker. Should the detok worker end
     the stream on a stop string before the prefix arrives, its Finish leaves a tombstone at the
     decode worker, which then drops the prefix.
 """
@@ -48,16 +49,16 @@ class PrefillWorker(WorkerLoop):
     def setup(self) -> None:
         config = self.config
         self.engine = self.make_engine()
-        self.decode = self.connect(config.addresses.decode, "prefill_to_decode")
-        self.detoks = self.detok_senders("prefill_to_detok")
+        self.decodes = [
+            self.connect(endpoint, "prefill_to_decode") for endpoint in config.addresses.decode
+        ]
+        self.detok_senders("prefill_to_detok")
         self.queue: deque[GenerateRequest] = deque()
         self.max_queue = config.router.max_running + config.router.max_queued
         self.prefill_time = Histogram()
         self.prefills = 0
-        self.handlers = {GenerateRequest: self.on_generate, Abort: self.on_abort}
-
-    def own_address(self) -> str:
-        return self.config.addresses.prefill
+        self.kv_bytes_sent = 0
+        self.handlers.update({GenerateRequest: self.on_generate, Abort: self.on_abort})
 
     def warmup(self) -> WorkerInfo:
         self.engine.warmup(decode=False)  # only this role's side of the engine
@@ -71,75 +72,83 @@ class PrefillWorker(WorkerLoop):
     # ---- messages ----
     def on_generate(self, req: GenerateRequest, _frames: list[Any]) -> None:
         if len(self.queue) >= self.max_queue:
-            self.fail([req.request_id], "prefill worker overloaded: queue full")
+            self.fail([req.request_id], [req.epoch], "prefill worker overloaded: queue full")
         else:
             self.queue.append(req)
 
     def on_abort(self, msg: Abort, _frames: list[Any]) -> None:
-        gone = set(msg.request_ids)
-        self.queue = deque(r for r in self.queue if r.request_id not in gone)
+        gone = dict(zip(msg.request_ids, msg.epochs, strict=False))
+        self.queue = deque(
+            r for r in self.queue if r.request_id not in gone or r.epoch > gone[r.request_id]
+        )
 
     # ---- the prefill ----
     def prefill(self, req: GenerateRequest) -> None:
         """Run one prompt: its first token goes to the detok worker, then its prefix to decode."""
         problem = self.invalid(req)
         if problem:
-            self.fail([req.request_id], problem)
+            self.fail([req.request_id], [req.epoch], problem)
             return
         start = time.perf_counter()
         try:
-            prefix = self.engine.prefill(req.prompt, req.sampling)
+            prefix = self.engine.prefill(req.prompt, req.sampling, out_pos=req.start_seq)
         except ValueError as exc:  # a request the engine cannot run (too long, bad params)
-            self.fail([req.request_id], f"prefill failed: {exc}")
+            self.fail([req.request_id], [req.epoch], f"prefill failed: {exc}")
             return
         took = time.perf_counter() - start
-        max_seq_len = self.engine.max_seq_len
-        finish = token_finish(req.stop, prefix.first_token, 1, prefix.length + 1, max_seq_len)
+        generated = req.start_seq + 1
+        finish = token_finish(
+            req.stop, prefix.first_token, generated, prefix.length + 1, self.engine.max_seq_len
+        )
         self.send_first_token(req, prefix, finish)
         if finish == TokenFinish.NONE:
             self.send_prefix(req, prefix)
         # bookkeeping after the sends: nothing here delays the first token
         self.prefill_time.observe(took)
         self.prefills += 1
-        log.info("%s prefilled: %d tokens in %.1f ms, detok %d", req.request_id, prefix.length,
-                 took * 1e3, req.detok_index)  # fmt: skip
+        log.info("%s prefilled: %d tokens in %.1f ms, decode %d, detok %d", req.request_id,
+                 prefix.length, took * 1e3, req.decode_index, req.detok_index)  # fmt: skip
 
     def invalid(self, req: GenerateRequest) -> str | None:
         """Why this request cannot be prefilled here, if it cannot."""
-        if not 0 <= req.detok_index < len(self.detoks):
-            return f"detok index {req.detok_index} out of range"
+        if self.detok(req.detok_index) is None:
+            return f"detok index {req.detok_index} is not in the pool"
+        if not 0 <= req.decode_index < len(self.decodes):
+            return f"decode index {req.decode_index} out of range"
         if not req.prompt or any(not 0 <= t < self.engine.vocab_size for t in req.prompt):
             return "prompt token ids must be non-empty and within the vocabulary"
+        if req.start_seq < 0:
+            return "start_seq must be >= 0"
         return None
 
     def send_first_token(self, req: GenerateRequest, prefix: Prefix, finish: TokenFinish) -> None:
-        """Sequence 0 to the pinned detok worker, opening the stream with its detok parameters."""
+        """The sampled token to the stamped detok worker; at position 0 it opens the stream."""
         rid = req.request_id
+        opens = []
+        if req.start_seq == 0:
+            opens.append(OpenStream(rid, req.epoch, req.decode_index, req.detok, req.logprobs))
         first = TokenBatch(
-            Source.PREFILL,
-            self.prefills + 1,
-            [rid],
-            [0],
-            [prefix.first_token],
-            [prefix.first_logprob],
-            [finish],
-            [OpenStream(rid, req.detok, req.logprobs)],
-        )
-        self.detoks[req.detok_index].send(first)
+            Source.PREFILL, self.prefills + 1, [rid], [req.epoch], [req.start_seq],
+            [prefix.first_token], [prefix.first_logprob], [finish], opens,
+        )  # fmt: skip
+        self.detok(req.detok_index).send(first)
 
     def send_prefix(self, req: GenerateRequest, prefix: Prefix) -> None:
-        """The KV cache (as extra frames) and the first token to the decode worker."""
+        """The KV cache (as extra frames) and the first token to the stamped decode worker."""
         header = PrefixHeader(
             req.request_id,
+            req.epoch,
             req.detok_index,
             prefix.length,
+            req.start_seq,
             prefix.first_token,
             prefix.first_logprob,
             req.sampling,
             req.stop,
             protocol.kv_meta(prefix.kv),
         )
-        self.decode.send(header, prefix.kv)
+        if self.decodes[req.decode_index].send(header, prefix.kv):
+            self.kv_bytes_sent += sum(a.nbytes for a in prefix.kv)
 
     # ---- lifecycle ----
     def load(self) -> PrefillLoad:
@@ -147,6 +156,7 @@ class PrefillWorker(WorkerLoop):
             queue=len(self.queue),
             queued_tokens=sum(len(r.prompt) for r in self.queue),
             prefills=self.prefills,
+            kv_bytes_sent=self.kv_bytes_sent,
             prefill_time=self.prefill_time.snapshot(),
         )
 

@@ -5,15 +5,16 @@ A request's path through the router core:
     and clamps max_tokens to the context; the request id is reserved (router/request_table.py).
  2. Admission (router/admission.py) lets it into the pipeline at once, queues it, or refuses it
     (Overloaded / NotReady).
- 3. Placement (router/placement.py) stamps its detok worker, once, by the hash ring; the
-    GenerateRequest goes to the prefill worker (router/links.py: the router's sockets).
+ 3. Placement (router/placement.py) stamps its prefill, decode and detok workers and its
+    placement epoch; the GenerateRequest goes to that prefill worker (router/links.py: the
+    router's sockets).
  4. TextBatches from the detok workers reach the request's handle through the dispatch table
     (router/dispatch.py); the delta that carries a finish reason ends the request.
  5. A client that goes away calls abort(): prefill, decode and the detok worker are told to forget
     the request (batched per event-loop turn), and its admission place is released.
- 6. The liveness monitor (router/liveness.py) marks workers dead when their heartbeats stop, ends
-    every request that depended on a dead worker with an error, and ends requests that make no
-    progress in bounded time.
+ 6. The liveness monitor (router/liveness.py) marks workers dead when their heartbeats stop; every
+    request that depended on a dead worker is moved to live ones at a new epoch, losing and
+    repeating nothing (router/migration.py); requests that make no progress end in bounded time.
 Every end goes through end(): exactly once per request. The HTTP layer (router.http) wraps this;
 tests drive it directly.
 """
@@ -34,16 +35,18 @@ from router.dispatch import MessageDispatch
 from router.links import WorkerLinks
 from router.liveness import LivenessMonitor
 from router.metrics import RouterMetrics
+from router.migration import Migrator
 from router.params import MAX_SEED, validate
-from router.placement import Placement
+from router.placement import NoLiveWorker, Placement
 from router.request_table import RequestTable
 from router.requests import NotReady, RequestHandle, RequestParams
-from router.workers import WorkerTable
+from router.workers import WorkerState, WorkerTable
 from splitserve.config import ClusterConfig
 from splitserve.engine.interface import SamplingParams
 from splitserve.protocol import (
     DecodeLoad,
     DetokParams,
+    DetokPool,
     FinishReason,
     GenerateRequest,
     PrefillLoad,
@@ -70,32 +73,39 @@ class RouterCore:
         # threads mode shares one context (inproc needs it); a process makes its own
         self.ctx = ctx if ctx is not None else zmq.Context()
         self.counters = TransportCounters()
-        self.workers = WorkerTable(config.detok_count, config.lifecycle.liveness_timeout_s)
+        self.workers = WorkerTable(config.addresses, config.lifecycle.liveness_timeout_s)
         self.requests = RequestTable(config.lifecycle.state_ttl_s)
-        self.placement = Placement(self.workers)
+        self.placement = Placement(self.workers, config.slots_of)
         self.admission = AdmissionController(
-            config.router, config.model.num_slots, lambda: self.requests, self._timings,
+            config.router, config.total_slots, lambda: self.requests, self._timings,
             lambda reason: self.metrics.rejected.labels(reason).inc(),
         )  # fmt: skip
         self.metrics = RouterMetrics(
             self.workers, lambda: self.admission.running, lambda: len(self.admission.waiters)
         )
+        self.migrator = Migrator(
+            config.router, self.requests, self.placement, lambda: self.links, self.end,
+            lambda role: self.metrics.migrations.labels(role).inc(),
+        )  # fmt: skip
         self.liveness = LivenessMonitor(
             self.workers, self.requests, config.router.stall_timeout_s, self.end,
-            self._workers_changed,
+            self.migrator.worker_lost, self._workers_changed,
         )  # fmt: skip
         self.accepting = True
         self.links: WorkerLinks | None = None  # bound by start()
         self._tasks: list[asyncio.Task] = []
         self._ready_event: asyncio.Event | None = None
+        self._detok_pool: list[str] = []  # as last announced to prefill and decode workers
 
     # ---- start and stop ----
     async def start(self) -> None:
         self.links = WorkerLinks(self.ctx, self.config.addresses, self.counters)
         self._ready_event = asyncio.Event()
+        self._detok_pool = self.workers.detok_endpoints()
         dispatch = MessageDispatch(
             self.requests, self.workers, self.metrics, self.counters, self.end,
-            self.admission.grant, self.liveness.worker_lost, self._workers_changed,
+            self.admission.grant, self.migrator.worker_lost, self._workers_changed,
+            self.placement.prefilled,
         )  # fmt: skip
         self.links.start_reading(dispatch)
         self._tasks = [asyncio.create_task(self.liveness.run(), name="router-monitor")]
@@ -145,9 +155,7 @@ class RouterCore:
         rid = request_id or f"req-{uuid.uuid4().hex}"
         self.requests.reserve(rid, claimed)
         try:
-            if not self.is_ready():
-                self.metrics.rejected.labels("not_ready").inc()
-                raise NotReady("no full pipeline is ready" if self.accepting else "shutting down")
+            await self._wait_for_pipeline()
             await self.admission.acquire()
         except BaseException:
             self.requests.unreserve(rid)
@@ -158,23 +166,51 @@ class RouterCore:
             raise NotReady("the pipeline went down while the request was queued")
         return self._start(rid, prompt, params, submitted)
 
+    async def _wait_for_pipeline(self) -> None:
+        """Return once a request can be placed. While a worker is being replaced (the pipeline
+        was ready before) a request waits for it as it would wait in the admission queue;
+        before the first ready pipeline, or when shutting down, it is refused at once."""
+        if self.is_ready():
+            return
+        if not self.accepting or not self.workers.ever_ready:
+            self.metrics.rejected.labels("not_ready").inc()
+            raise NotReady("no full pipeline is ready" if self.accepting else "shutting down")
+        if len(self.admission.waiters) >= self.config.router.max_queued:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise NotReady("a worker is being replaced and the queue is full: try again later")
+        deadline = time.monotonic() + self.config.router.queue_timeout_s
+        while not self.is_ready():
+            if not self.accepting or time.monotonic() > deadline:
+                self.metrics.rejected.labels("not_ready").inc()
+                raise NotReady("a worker is being replaced: try again later")
+            await asyncio.sleep(DRAIN_POLL_S)
+
     def _start(
         self, rid: str, prompt: list[int], params: RequestParams, submitted: float
     ) -> RequestHandle:
-        """The admitted request enters the pipeline: stamped, registered, sent to prefill."""
+        """The admitted request enters the pipeline: placed, registered, sent to prefill."""
         now = time.monotonic()
-        detok_index = self.placement.detok_for(rid)
         handle = RequestHandle(
-            rid, len(prompt), detok_index, params, submitted, now,
+            rid, len(prompt), params, submitted, now,
             deadline=now + self.config.router.request_timeout_s, last_progress=now,
         )  # fmt: skip
+        try:
+            self.placement.place(handle, epoch=0)
+        except NoLiveWorker as exc:  # is_ready() held a moment ago: a worker died in between
+            self.requests.unreserve(rid)
+            self.admission.release()
+            raise NotReady(str(exc)) from None
+        stamp = handle.stamp
         self.requests.add(handle)
         self.metrics.admitted(handle)
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
-        msg = GenerateRequest(
+        handle.message = GenerateRequest(
             rid,
-            detok_index,
+            stamp.epoch,
+            stamp.decode,
+            stamp.detok,
             list(prompt),
+            0,
             SamplingParams(params.temperature, params.top_p, params.top_k, seed),
             StopCriteria(
                 params.max_tokens, params.min_tokens, params.ignore_eos, self.eos_ids,
@@ -186,9 +222,10 @@ class RouterCore:
             ),
             params.logprobs,
         )  # fmt: skip
-        if not self.links.prefill.send(msg):
+        if not self.links.send("prefill", stamp.prefill, handle.message):
             self.end(handle, FinishReason.ERROR, "the prefill worker is not accepting requests")
-        log.info("%s admitted: %d prompt tokens, detok %d", rid, len(prompt), detok_index)
+        log.info("%s admitted: %d prompt tokens, prefill %d, decode %d, detok %d", rid,
+                 len(prompt), stamp.prefill, stamp.decode, stamp.detok)  # fmt: skip
         return handle
 
     def abort(self, handle: RequestHandle) -> None:
@@ -201,20 +238,54 @@ class RouterCore:
             return
         handle.end(finish_reason, error)
         self.requests.end(handle)
+        self.placement.release(handle)
+        self.migrator.waiting.pop(handle.request_id, None)
         self.admission.release()
         self.metrics.ended(handle, time.monotonic())
         if finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
-            self.links.abort_soon(handle.request_id, handle.detok_index)
+            self.links.abort_soon(handle.request_id, handle.stamp)
         log.info(
             "%s finished: %s, %d tokens%s", handle.request_id, finish_reason.api,
             handle.completion_tokens, f" ({error})" if error else "",
         )  # fmt: skip
 
     # ---- workers ----
-    def _workers_changed(self) -> None:
+    def _workers_changed(self, ready: WorkerState | None = None) -> None:
+        """A worker's state may have changed (`ready`: it just said Ready)."""
         self.placement.refresh()
+        self._follow_detok_pool(ready)
+        self._move_off_draining_detoks()
+        if self.migrator.waiting:
+            self.migrator.retry()
         if self._ready_event is not None and self.workers.pipeline_ready():
             self._ready_event.set()
+
+    def _follow_detok_pool(self, ready: WorkerState | None) -> None:
+        """Tell prefill and decode workers of detok workers that joined (and any that just
+        started of the pool as it is now)."""
+        if self.links is None:
+            return
+        pool = self.workers.detok_endpoints()
+        changed = pool != self._detok_pool
+        if changed:
+            for k, endpoint in enumerate(pool):
+                if endpoint:
+                    self.links.connect("detok", k, endpoint)
+            self._detok_pool = pool
+            self.links.broadcast(("prefill", "decode"), DetokPool(pool))
+        elif ready is not None and ready.role in ("prefill", "decode"):
+            self.links.send(ready.role, ready.index, DetokPool(pool))
+
+    def _move_off_draining_detoks(self) -> None:
+        """A detok worker that drains (it is stopping) hands its streams to the others."""
+        draining = {
+            w.index for w in self.workers.of("detok") if w.state == "ready" and not w.live
+        }
+        if not draining or not self.workers.live_detoks():
+            return
+        for handle in self.requests.handles():
+            if handle.placed and handle.stamp.detok in draining:
+                self.migrator.move(handle, "detok", f"detok worker {handle.stamp.detok} drains")
 
     def _timings(self) -> tuple[float, float]:
         """(median prefill, median decode step gap) in seconds from the latest heartbeats."""
@@ -224,7 +295,7 @@ class RouterCore:
             if isinstance(load, PrefillLoad):
                 prefill = max(prefill, load.prefill_time.p50)
             elif isinstance(load, DecodeLoad):
-                step = load.step_gap.p50
+                step = max(step, load.step_gap.p50)
         return prefill, step
 
     # ---- introspection ----
@@ -234,5 +305,6 @@ class RouterCore:
             "accepting": self.accepting,
             "running": self.admission.running,
             "waiting": len(self.admission.waiters),
+            "moving": len(self.migrator.waiting),
             "workers": self.workers.summary(),
         }

@@ -1,10 +1,13 @@
 """What the workers send the router, each message type to its handler.
 
-- TextBatch (detok workers): each delta goes to its request's handle; a delta that carries a
-  finish reason ends the request. Late output of a request that already ended is dropped.
+- TextBatch (detok workers): each delta goes to its request's handle if it is of the request's
+  current placement epoch and starts where the client's text has got to (so no delta is ever
+  delivered twice, whatever a dead or woken worker sends); a delta that carries a finish reason
+  ends the request. Late output of a request that already ended is dropped.
 - Ready / Heartbeat (every worker): the worker table learns who is ready, alive and how loaded;
   a worker seen with a new pid restarted, and what depended on it is lost.
-- RequestFailed (any worker): those requests end with an error that names the worker's reason.
+- RequestFailed (any worker): those requests (at their current epoch) end with an error that
+  names the worker's reason.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 from router.liveness import EndRequest
 from router.metrics import RouterMetrics
 from router.request_table import RequestTable
-from router.requests import Delta
+from router.requests import Delta, RequestHandle
 from router.workers import WorkerState, WorkerTable
 from splitserve.protocol import (
     FinishReason,
@@ -41,7 +44,8 @@ class MessageDispatch:
         end: EndRequest,
         requests_moved: Callable[[], None],
         worker_lost: Callable[[WorkerState], None],
-        workers_changed: Callable[[], None],
+        workers_changed: Callable[[WorkerState | None], None],
+        prefilled: Callable[[RequestHandle], None],
     ):
         self.requests = requests
         self.workers = workers
@@ -51,6 +55,8 @@ class MessageDispatch:
         self.requests_moved = requests_moved
         self.worker_lost = worker_lost
         self.workers_changed = workers_changed
+        self.prefilled = prefilled
+        self.stale_deltas = 0  # of an older epoch, or not where the client's text is
         self.handlers: dict[type, Callable[[Any], None]] = {
             TextBatch: self.text_batch,
             Ready: self.worker_status,
@@ -72,6 +78,10 @@ class MessageDispatch:
             handle = self.requests.get(d.request_id)
             if handle is None:
                 continue  # already ended here (aborted, failed): late output is dropped
+            if d.epoch != handle.epoch or d.start_seq != handle.completion_tokens:
+                self.stale_deltas += 1
+                continue
+            self.prefilled(handle)
             previous = handle.first_token_at and handle.last_progress
             handle.push(Delta(d.text, d.token_ids, d.logprobs))
             self.metrics.delta(handle, len(d.token_ids), now, previous)
@@ -83,10 +93,10 @@ class MessageDispatch:
         worker, lost = self.workers.observe(msg)
         if worker is not None and lost:
             self.worker_lost(worker)
-        self.workers_changed()
+        self.workers_changed(worker if isinstance(msg, Ready) else None)
 
     def request_failed(self, msg: RequestFailed) -> None:
-        for rid in msg.request_ids:
+        for rid, epoch in zip(msg.request_ids, msg.epochs, strict=False):
             handle = self.requests.get(rid)
-            if handle is not None:
+            if handle is not None and handle.epoch == epoch:
                 self.end(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}")

@@ -14,7 +14,8 @@ from typing import Any
 
 import zmq
 
-from splitserve.config import Addresses
+from router.placement import Stamp
+from splitserve.config import WORKER_ROLES, Addresses
 from splitserve.protocol import Abort, TransportCounters
 from splitserve.transport import Receiver, Sender
 
@@ -25,14 +26,39 @@ READ_BATCH = 256  # worker messages handled per pass of the event loop
 
 class WorkerLinks:
     def __init__(self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters):
+        self.ctx = ctx
         self.counters = counters
         self.receiver = Receiver(ctx, addresses.router, counters)
-        self.prefill = Sender(ctx, addresses.prefill, counters)
-        self.decode = Sender(ctx, addresses.decode, counters)
-        self.detoks = [Sender(ctx, addr, counters) for addr in addresses.detok]
+        self.senders: dict[tuple[str, int], Sender] = {}
+        for role in WORKER_ROLES:
+            for index, endpoint in enumerate(addresses.of(role)):
+                self.connect(role, index, endpoint)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_message: Callable[[Any], None] | None = None
-        self._pending_aborts: dict[str, int] = {}  # request id -> its detok worker
+        # (role, index) -> [(request id, epoch)] to abort at the end of this event-loop turn
+        self._pending_aborts: dict[tuple[str, int], list[tuple[str, int]]] = {}
+
+    def connect(self, role: str, index: int, endpoint: str) -> None:
+        """A sender to worker (role, index) at endpoint (replacing one to another endpoint)."""
+        old = self.senders.get((role, index))
+        if old is not None:
+            if old.endpoint == endpoint:
+                return
+            old.close()
+        self.senders[(role, index)] = Sender(self.ctx, endpoint, self.counters)
+
+    def send(self, role: str, index: int, msg: Any) -> bool:
+        """Send without blocking; False when dropped (the worker is slow, gone or unknown)."""
+        sender = self.senders.get((role, index))
+        if sender is None:
+            self.counters.dropped += 1
+            return False
+        return sender.send(msg)
+
+    def broadcast(self, roles: tuple[str, ...], msg: Any) -> None:
+        for (role, index) in list(self.senders):
+            if role in roles:
+                self.send(role, index, msg)
 
     # ---- receiving ----
     def start_reading(self, on_message: Callable[[Any], None]) -> None:
@@ -58,24 +84,22 @@ class WorkerLinks:
             self._loop.call_soon(self._on_readable)
 
     # ---- aborts ----
-    def abort_soon(self, request_id: str, detok_index: int) -> None:
-        """Aborts are batched: one Abort message per worker per event-loop turn."""
+    def abort_soon(self, request_id: str, stamp: Stamp, roles=WORKER_ROLES) -> None:
+        """Tell the request's workers (of these roles) to forget it at the stamp's epoch and
+        before. Batched: one Abort message per worker per event-loop turn."""
         if not self._pending_aborts:
             asyncio.get_running_loop().call_soon(self.flush_aborts)
-        self._pending_aborts[request_id] = detok_index
+        where = {"prefill": stamp.prefill, "decode": stamp.decode, "detok": stamp.detok}
+        for role in roles:
+            self._pending_aborts.setdefault((role, where[role]), []).append(
+                (request_id, stamp.epoch)
+            )
 
     def flush_aborts(self) -> None:
-        if not self._pending_aborts:
-            return
         aborts, self._pending_aborts = self._pending_aborts, {}
-        rids = list(aborts)
-        self.prefill.send(Abort(rids))
-        self.decode.send(Abort(rids))
-        by_detok: dict[int, list[str]] = {}
-        for rid, k in aborts.items():
-            by_detok.setdefault(k, []).append(rid)
-        for k, ids in by_detok.items():
-            self.detoks[k].send(Abort(ids))
+        for (role, index), entries in aborts.items():
+            rids, epochs = zip(*entries, strict=True)
+            self.send(role, index, Abort(list(rids), list(epochs)))
 
     def close(self) -> None:
         receiver = self.receiver
@@ -83,5 +107,5 @@ class WorkerLinks:
             if self._loop is not None:
                 self._loop.remove_reader(receiver.socket.getsockopt(zmq.FD))
             receiver.close()
-        for s in (self.prefill, self.decode, *self.detoks):
+        for s in self.senders.values():
             s.close()

@@ -1,9 +1,9 @@
 """Worker liveness and request deadlines: the router's monitor.
 
 Every MONITOR_INTERVAL_S it marks workers dead whose heartbeats stopped (a worker that restarted is
-seen by its new pid as heartbeats arrive, see WorkerTable.observe), and ends the requests that
-depended on a lost worker with an error; it also ends requests past their deadline, and those that
-made no progress for stall_timeout_s (the backstop for a message lost in a crash).
+seen by its new pid as heartbeats arrive, see WorkerTable.observe) and has the requests that
+depended on a lost worker moved (router/migration.py); it also ends requests past their deadline,
+and those that made no progress for stall_timeout_s (the backstop for a message lost in a crash).
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ class LivenessMonitor:
         requests: RequestTable,
         stall_timeout_s: float,
         end: EndRequest,
-        on_workers_changed: Callable[[], None],
+        worker_lost: Callable[[WorkerState], None],
+        on_workers_changed: Callable[[WorkerState | None], None],
     ):
         self.workers = workers
         self.requests = requests
         self.stall_timeout_s = stall_timeout_s
         self.end = end
+        self.worker_lost = worker_lost
         self.on_workers_changed = on_workers_changed
 
     async def run(self) -> None:
@@ -42,22 +44,9 @@ class LivenessMonitor:
             await asyncio.sleep(MONITOR_INTERVAL_S)
             for w in self.workers.expire():
                 self.worker_lost(w)
-            self.on_workers_changed()
+            self.on_workers_changed(None)
             self.expire_requests()
             self.requests.prune()
-
-    def worker_lost(self, w: WorkerState) -> None:
-        """End every request that depended on worker w."""
-        reason = f"{w.role} worker {w.index} died"
-        for handle in self.requests.handles():
-            if w.role == "detok":
-                hit = handle.detok_index == w.index
-            elif w.role == "prefill":
-                hit = handle.completion_tokens == 0  # not past prefill yet
-            else:
-                hit = True  # decode holds, or is about to hold, every running request
-            if hit:
-                self.end(handle, FinishReason.ERROR, reason)
 
     def expire_requests(self) -> None:
         """The backstop for requests lost without a worker dying (a message lost in a crash):
@@ -66,15 +55,16 @@ class LivenessMonitor:
         overall deadline and the liveness of its workers bound it."""
         now = time.monotonic()
         stall = self.stall_timeout_s
-        decode = self.workers.get("decode", 0)
-        load = decode.load if decode else None
-        slots_contended = isinstance(load, DecodeLoad) and load.pending > 0
+        contended = {
+            w.index for w in self.workers.of("decode")
+            if isinstance(w.load, DecodeLoad) and w.load.pending > 0
+        }  # fmt: skip
         for handle in self.requests.handles():
             if now > handle.deadline:
                 self.end(handle, FinishReason.ERROR, "request timed out")
-            elif handle.first_token_at is None:
+            elif handle.first_token_at is None or handle.waiting_since is not None:
                 continue
-            elif handle.completion_tokens <= 1 and slots_contended:
+            elif handle.completion_tokens <= 1 and handle.stamp.decode in contended:
                 continue
             elif now - handle.last_progress > stall:
                 self.end(handle, FinishReason.ERROR, f"no progress for {stall:.0f} s")

@@ -37,6 +37,12 @@ class RouterMetrics:
             ["finish_reason"],
             registry=r,
         )
+        self.migrations = Counter(
+            "splitserve_request_migrations",
+            "Requests moved off a worker that died, by the role of that worker",
+            ["role"],
+            registry=r,
+        )
         self.rejected = Counter(
             "splitserve_rejected_requests", "Requests refused at admission", ["reason"], registry=r
         )

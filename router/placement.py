@@ -1,24 +1,56 @@
-"""Where a request goes, decided once at admission and stamped on it: its detok worker is the
-hash ring's choice over the live detok workers (splitserve.hashring), by request id.
+"""Where a request goes, decided by the router at admission (and again only when a worker dies)
+and stamped on it; later hops read the stamps and never choose.
 
-The ring is rebuilt whenever the set of live detok workers changes; requests already running keep
-the worker stamped on them. Later hops only read the stamp.
+- Detok worker: the hash ring over the live detok workers, by request id (splitserve.hashring),
+  so that the choice is stable and spreads evenly; a ring change moves only ~1/N of new requests.
+- Prefill worker: the live one with the fewest prompt tokens still to prefill. Time to first
+  token is queueing behind other prompts, and a prompt's cost follows its tokens, so fewest
+  tokens ahead is the shortest wait.
+- Decode worker: the live one with the most free slots. A request holds a slot from its insert
+  to its end, so a worker's room is its slots less the requests placed on it and not ended;
+  room counts those still on their way (in prefill, prefix in flight), which a decode worker's
+  own heartbeat cannot see yet. Workers with more slots take proportionally more, and a full one
+  is never chosen over one with room.
+Both loads are the router's own count of what it has placed, exact at every admission; the
+heartbeats (slots, liveness) say who may be chosen. Ties go round-robin.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from router.requests import RequestHandle
 from router.workers import WorkerTable
 from splitserve.hashring import HashRing
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """The workers a request is placed on, at one placement epoch."""
+
+    epoch: int
+    prefill: int
+    decode: int
+    detok: int
+
+
+class NoLiveWorker(LookupError):
+    """No live worker of a role a request needs (one is being replaced)."""
+
+
 class Placement:
-    def __init__(self, workers: WorkerTable):
+    def __init__(self, workers: WorkerTable, slots_of):
         self.workers = workers
+        self.slots_of = slots_of  # decode index -> its slots
         self.ring = HashRing([])
+        self.prefill_tokens: dict[int, int] = {}  # prompt tokens placed and not yet prefilled
+        self.decode_requests: dict[int, int] = {}  # requests placed and not ended
+        self._turn = itertools.count()
 
     def refresh(self) -> None:
         """Follow the live detok workers (call when a worker's state may have changed)."""
@@ -28,4 +60,46 @@ class Placement:
             log.info("hash ring over detok workers %s", live)
 
     def detok_for(self, request_id: str) -> int:
+        if not len(self.ring):
+            raise NoLiveWorker("no live detok worker")
         return self.ring.lookup(request_id)
+
+    def place(self, handle: RequestHandle, epoch: int) -> None:
+        """Choose the request's three workers, stamp them on it and count it on prefill and
+        decode; NoLiveWorker when a role has none (the handle is left as it was)."""
+        prefill = self._least("prefill", lambda p: self.prefill_tokens.get(p, 0))
+        decode = self._least(
+            "decode", lambda d: self.decode_requests.get(d, 0) - self.slots_of(d)
+        )
+        handle.stamp = Stamp(epoch, prefill, decode, self.detok_for(handle.request_id))
+        tokens = _prefill_tokens(handle)
+        self.prefill_tokens[prefill] = self.prefill_tokens.get(prefill, 0) + tokens
+        self.decode_requests[decode] = self.decode_requests.get(decode, 0) + 1
+        handle.placed = True
+        handle.prefill_pending = True
+
+    def prefilled(self, handle: RequestHandle) -> None:
+        """The request's prefill is done (a first token of its epoch came): off that queue."""
+        if handle.prefill_pending:
+            handle.prefill_pending = False
+            self.prefill_tokens[handle.stamp.prefill] -= _prefill_tokens(handle)
+
+    def release(self, handle: RequestHandle) -> None:
+        """The request ended or moves on: it no longer counts where it was placed."""
+        if handle.placed:
+            self.prefilled(handle)
+            self.decode_requests[handle.stamp.decode] -= 1
+            handle.placed = False
+
+    def _least(self, role: str, load: Callable[[int], int]) -> int:
+        live = self.workers.live(role)
+        if not live:
+            raise NoLiveWorker(f"no live {role} worker")
+        turn = next(self._turn)
+        # the lowest load; among equals, the next one in turn
+        return min(live, key=lambda i: (load(i), (i - turn) % (max(live) + 1)))
+
+
+def _prefill_tokens(handle: RequestHandle) -> int:
+    """What its prefill runs: the prompt and, when it resumes, the tokens so far."""
+    return handle.prompt_tokens + handle.completion_tokens

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from splitserve.protocol import FinishReason
 
@@ -90,7 +92,6 @@ class RequestHandle:
 
     request_id: str
     prompt_tokens: int
-    detok_index: int
     params: RequestParams
     submitted: float  # monotonic time of submit()
     admitted: float  # monotonic time it entered the pipeline
@@ -99,6 +100,16 @@ class RequestHandle:
     first_token_at: float | None = None
     completion_tokens: int = 0
     result: Result | None = None
+    # Where it runs (router/placement.py) and what a move to other workers needs: the message
+    # it was sent as, every token the client has had (4 bytes each) and the text's length.
+    stamp: Any = None  # Stamp
+    message: Any = None  # GenerateRequest at the current epoch
+    token_ids: array = field(default_factory=lambda: array("i"))
+    text_chars: int = 0
+    migrations: int = 0
+    waiting_since: float | None = None  # set while no live worker can take it (a move waits)
+    placed: bool = False  # counted on the workers of its stamp (router/placement.py)
+    prefill_pending: bool = False  # placed on a prefill worker, first token of the epoch not in
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     _sink: Callable[[Delta | None], None] | None = None
 
@@ -127,6 +138,14 @@ class RequestHandle:
         assert self.result is not None
         return "".join(parts), self.result
 
+    @property
+    def detok_index(self) -> int:
+        return self.stamp.detok
+
+    @property
+    def epoch(self) -> int:
+        return self.stamp.epoch
+
     # ---- used by the core ----
     def push(self, delta: Delta) -> None:
         now = time.monotonic()
@@ -134,6 +153,8 @@ class RequestHandle:
         if self.first_token_at is None and delta.token_ids:
             self.first_token_at = now
         self.completion_tokens += len(delta.token_ids)
+        self.token_ids.extend(delta.token_ids)
+        self.text_chars += len(delta.text)
         if self._sink is not None:
             self._sink(delta)
         else:

@@ -3,15 +3,20 @@
 A worker is ready after a Ready (or a heartbeat naming this protocol version, for a router that
 restarted after its workers) and dead after liveness_timeout_s without a heartbeat. A new pid for a
 known role and index means the worker restarted: everything that depended on it is lost.
+
+The prefill and decode workers are the cluster file's; the detok pool may grow while serving: a
+detok worker of a new index joins when it reports Ready (its endpoint in the Ready), and one
+that drains (stopping) leaves the pool's ring at once.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from splitserve.config import Addresses
 from splitserve.protocol import (
     PROTOCOL_VERSION,
     DecodeLoad,
@@ -51,6 +56,12 @@ class WorkerState:
     def key(self) -> tuple[str, int]:
         return (self.role, self.index)
 
+    @property
+    def live(self) -> bool:
+        """Ready, and not draining: new work may go to it."""
+        beat = self.heartbeat
+        return self.state == "ready" and not (beat is not None and beat.draining)
+
     def summary(self) -> dict[str, Any]:
         return {
             "role": self.role,
@@ -61,23 +72,39 @@ class WorkerState:
             if self.last_seen
             else None,
             "restarts": self.restarts,
+            "draining": bool(self.heartbeat and self.heartbeat.draining),
         }
 
 
+MAX_DETOK_WORKERS = 256  # the most the detok pool may grow to
+
+
 class WorkerTable:
-    def __init__(self, detok_count: int, liveness_timeout_s: float):
+    def __init__(self, addresses: Addresses, liveness_timeout_s: float):
         self.liveness_timeout_s = liveness_timeout_s
         self.workers: dict[tuple[str, int], WorkerState] = {}
-        for role, count in (("prefill", 1), ("decode", 1), ("detok", detok_count)):
-            for i in range(count):
-                self.workers[(role, i)] = WorkerState(role, i)
+        for role in ("prefill", "decode", "detok"):
+            for i, endpoint in enumerate(addresses.of(role)):
+                self.workers[(role, i)] = WorkerState(role, i, info=WorkerInfo(endpoint=endpoint))
+        self.ever_ready = False  # a full pipeline was ready once: a gap now is a replacement
 
     def get(self, role: str, index: int) -> WorkerState | None:
         return self.workers.get((role, index))
 
+    def of(self, role: str) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.role == role]
+
+    def live(self, role: str) -> list[int]:
+        """The indices of the role's workers that may take new work."""
+        return [w.index for w in self.workers.values() if w.role == role and w.live]
+
     def observe(self, msg: Ready | Heartbeat) -> tuple[WorkerState | None, bool]:
         """Record a Ready or Heartbeat. Returns (worker, lost): lost if a ready worker restarted."""
         w = self.workers.get((msg.role, msg.index))
+        if w is None and msg.role == "detok" and isinstance(msg, Ready):
+            if 0 <= msg.index < MAX_DETOK_WORKERS and msg.info.endpoint:
+                w = self.workers[(msg.role, msg.index)] = WorkerState(msg.role, msg.index)
+                log.info("detok[%d] joins the pool at %s", msg.index, msg.info.endpoint)
         if w is None:
             log.warning("message from unknown worker %s[%s]", msg.role, msg.index)
             return None, False
@@ -103,7 +130,7 @@ class WorkerTable:
         w.pid = msg.pid
         w.last_seen = time.monotonic()
         if isinstance(msg, Ready):
-            w.info = msg.info
+            w.info = msg.info if msg.info.endpoint else replace(msg.info, endpoint=w.info.endpoint)
         else:
             w.heartbeat = msg
         return w, lost
@@ -120,14 +147,19 @@ class WorkerTable:
         return died
 
     def live_detoks(self) -> list[int]:
-        return [w.index for w in self.workers.values() if w.role == "detok" and w.state == "ready"]
+        return self.live("detok")
 
     def pipeline_ready(self) -> bool:
-        return (
-            self.workers[("prefill", 0)].state == "ready"
-            and self.workers[("decode", 0)].state == "ready"
-            and bool(self.live_detoks())
-        )
+        """At least one live worker of every role: a request can be placed."""
+        ready = all(self.live(role) for role in ("prefill", "decode", "detok"))
+        self.ever_ready = self.ever_ready or ready
+        return ready
+
+    def detok_endpoints(self) -> list[str]:
+        """The detok pool as DetokPool announces it: each index's endpoint, "" where none."""
+        detoks = {w.index: w for w in self.of("detok")}
+        size = max(detoks, default=-1) + 1
+        return [detoks[k].info.endpoint if k in detoks else "" for k in range(size)]
 
     def summary(self) -> list[dict[str, Any]]:
         return [w.summary() for w in self.workers.values()]

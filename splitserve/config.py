@@ -13,7 +13,10 @@ A cluster file (all sections optional):
 
     [cluster]
     mode = "processes"          # or "threads"
+    prefill_workers = 1
+    decode_workers = 1
     detok_workers = 2
+    decode_slots = []           # slots per decode worker (default: model.num_slots each)
     run_dir = ""                # where ipc sockets live; a fresh temp dir when empty
 
     [router]
@@ -23,21 +26,25 @@ A cluster file (all sections optional):
 
     [addresses]                 # ZeroMQ endpoints each receiver binds and its senders connect to
     router = "tcp://10.0.0.1:5550"
-    prefill = "tcp://10.0.0.1:5551"
-    decode = "tcp://10.0.0.2:5552"
+    prefill = ["tcp://10.0.0.1:5551"]               # one per prefill worker (a string: one)
+    decode = ["tcp://10.0.0.2:5552", "tcp://10.0.0.3:5552"]
     detok = ["tcp://10.0.0.2:5560", "tcp://10.0.0.2:5561"]
+
+The worker counts come from the address lists when [addresses] is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 ROLES = ("router", "prefill", "decode", "detok")
+WORKER_ROLES = ("prefill", "decode", "detok")
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,10 @@ class RouterConfig:
     queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
     request_timeout_s: float = 600.0  # hard bound on any request's life
     stall_timeout_s: float = 30.0  # no progress for this long ends a request with an error
+    # a request whose worker dies is moved to live ones (router/migration.py), at most this
+    # many times, and waits at most migration_timeout_s for a live worker to take it
+    max_migrations: int = 3
+    migration_timeout_s: float = 120.0
     api_key: str = ""
     model_name: str = ""  # name served in /v1/models; derived from the model path when empty
 
@@ -80,9 +91,13 @@ class Addresses:
     """ZeroMQ endpoints: each role's receiver binds its own, senders connect to it."""
 
     router: str
-    prefill: str
-    decode: str
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
     detok: tuple[str, ...]
+
+    def of(self, role: str) -> tuple[str, ...]:
+        """The endpoints of a worker role's workers, by index."""
+        return {"prefill": self.prefill, "decode": self.decode, "detok": self.detok}[role]
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,7 @@ class ClusterConfig:
     mode: str = "processes"
     detok_workers: int = 2
     run_dir: str = ""
+    decode_slots: tuple[int, ...] = ()  # per decode worker; empty: model.num_slots each
     hosts: dict[str, Any] = field(default_factory=dict)  # deploy/launch.sh: host -> roles, cpus
     # `splitserve serve` (processes mode): role -> the CPUs its processes are pinned to; "io":
     # where the workers' ZeroMQ I/O threads run (e.g. off the decode worker's own CPU)
@@ -110,6 +126,36 @@ class ClusterConfig:
     @property
     def detok_count(self) -> int:
         return len(self.addresses.detok) if self.addresses else self.detok_workers
+
+    def count(self, role: str) -> int:
+        """How many workers of a role the cluster has (the router: one)."""
+        if role == "router":
+            return 1
+        assert self.addresses is not None
+        return len(self.addresses.of(role))
+
+    def slots_of(self, decode_index: int) -> int:
+        """Decode slots (the batch size) of one decode worker."""
+        if self.decode_slots:
+            return self.decode_slots[decode_index]
+        return self.model.num_slots
+
+    def endpoint_of(self, role: str, index: int) -> str:
+        """Where worker (role, index) listens. An index past the configured list (a detok worker
+        added while serving) follows the list's own pattern for ipc and inproc endpoints
+        (`.../detok-<index>.sock`); tcp endpoints must be listed."""
+        assert self.addresses is not None
+        listed = self.addresses.of(role)
+        if 0 <= index < len(listed):
+            return listed[index]
+        match = re.fullmatch(rf"((?:ipc|inproc)://.*{role}-)\d+(\.sock)?", listed[-1])
+        if index < 0 or match is None:
+            raise ValueError(f"no endpoint for {role} worker {index}: add it to [addresses] {role}")
+        return f"{match.group(1)}{index}{match.group(2) or ''}"
+
+    @property
+    def total_slots(self) -> int:
+        return sum(self.slots_of(d) for d in range(self.count("decode")))
 
 
 def _build(cls, values: dict[str, Any], section: str):
@@ -120,22 +166,25 @@ def _build(cls, values: dict[str, Any], section: str):
     return cls(**values)
 
 
-def default_addresses(mode: str, run_dir: str, detok_workers: int) -> Addresses:
+def default_addresses(mode: str, run_dir: str, counts: dict[str, int]) -> Addresses:
+    """inproc names (threads mode) or ipc sockets in run_dir: `<role>-<index>`."""
     if mode == "threads":
-        prefix = f"inproc://splitserve-{id(run_dir)}-"
-        return Addresses(
-            router=prefix + "router",
-            prefill=prefix + "prefill",
-            decode=prefix + "decode",
-            detok=tuple(prefix + f"detok-{k}" for k in range(detok_workers)),
-        )
-    base = f"ipc://{run_dir}/"
-    return Addresses(
-        router=base + "router.sock",
-        prefill=base + "prefill.sock",
-        decode=base + "decode.sock",
-        detok=tuple(base + f"detok-{k}.sock" for k in range(detok_workers)),
-    )
+        prefix, suffix = f"inproc://splitserve-{id(run_dir)}-", ""
+    else:
+        prefix, suffix = f"ipc://{run_dir}/", ".sock"
+    names = {
+        role: tuple(f"{prefix}{role}-{i}{suffix}" for i in range(counts[role]))
+        for role in WORKER_ROLES
+    }
+    return Addresses(router=f"{prefix}router{suffix}", **names)
+
+
+def _endpoints(addr: dict[str, Any], role: str) -> tuple[str, ...]:
+    value = addr.get(role, ())
+    endpoints = (value,) if isinstance(value, str) else tuple(value)
+    if not endpoints or not all(isinstance(e, str) and e for e in endpoints):
+        raise ValueError(f"[addresses] {role} must be an endpoint or a non-empty list of them")
+    return endpoints
 
 
 def load_config(path: str | None = None, overrides: dict[str, dict[str, Any]] | None = None):
@@ -158,7 +207,12 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     mode = cluster.pop("mode", "processes")
     if mode not in ("processes", "threads"):
         raise ValueError(f"cluster.mode must be 'processes' or 'threads', not {mode!r}")
-    detok_workers = int(cluster.pop("detok_workers", 2))
+    counts = {
+        "prefill": int(cluster.pop("prefill_workers", 1)),
+        "decode": int(cluster.pop("decode_workers", 1)),
+        "detok": int(cluster.pop("detok_workers", 2)),
+    }
+    decode_slots = tuple(cluster.pop("decode_slots", ()))
     run_dir = cluster.pop("run_dir", "")
     cpus = parse_role_cpus(cluster.pop("cpus", {}), "[cluster.cpus]")
     if cpus and mode == "threads":
@@ -169,15 +223,21 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     if not run_dir and not addr:  # ipc sockets (or inproc names) need a home of their own
         run_dir = tempfile.mkdtemp(prefix="splitserve-")
     if addr:
-        detok = tuple(addr.get("detok", ()))
+        if not isinstance(addr.get("router"), str):
+            raise ValueError("[addresses] router must be an endpoint")
         addresses = Addresses(
-            router=addr["router"], prefill=addr["prefill"], decode=addr["decode"], detok=detok
+            router=addr["router"], **{role: _endpoints(addr, role) for role in WORKER_ROLES}
         )
-        detok_workers = len(detok)
     else:
-        addresses = default_addresses(mode, run_dir, detok_workers)
-    if detok_workers < 1:
-        raise ValueError("at least one detok worker is needed")
+        for role, n in counts.items():
+            if n < 1:
+                raise ValueError(f"at least one {role} worker is needed")
+        addresses = default_addresses(mode, run_dir, counts)
+    if decode_slots and (
+        len(decode_slots) != len(addresses.decode)
+        or not all(type(n) is int and n >= 1 for n in decode_slots)
+    ):
+        raise ValueError("[cluster] decode_slots must list a slot count >= 1 per decode worker")
     model = _build(ModelConfig, raw.get("model", {}), "model")
     router = _build(RouterConfig, raw.get("router", {}), "router")
     ahead = router.admit_ahead_tokens
@@ -193,8 +253,9 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         lifecycle=_build(LifecycleConfig, raw.get("lifecycle", {}), "lifecycle"),
         addresses=addresses,
         mode=mode,
-        detok_workers=detok_workers,
+        detok_workers=len(addresses.detok),
         run_dir=run_dir,
+        decode_slots=decode_slots,
         hosts=dict(raw.get("hosts", {})),
         cpus=cpus,
     )
@@ -229,12 +290,13 @@ def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
         "cluster": {
             "mode": config.mode,
             "run_dir": config.run_dir,
+            "decode_slots": list(config.decode_slots),
             "cpus": {role: list(cs) for role, cs in config.cpus.items()},
         },
         "addresses": {
             "router": config.addresses.router,
-            "prefill": config.addresses.prefill,
-            "decode": config.addresses.decode,
+            "prefill": list(config.addresses.prefill),
+            "decode": list(config.addresses.decode),
             "detok": list(config.addresses.detok),
         },
         "hosts": config.hosts,

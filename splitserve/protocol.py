@@ -25,7 +25,7 @@ import numpy as np
 
 from splitserve.engine.interface import SamplingParams
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class TokenFinish(enum.IntEnum):
@@ -88,13 +88,25 @@ class DetokParams:
 # ---- messages -----------------------------------------------------------------------------------
 
 
+# Every message about a request names its id and its placement epoch: the router bumps the epoch
+# whenever it moves the request (a worker died), and a worker or the router drops a message whose
+# epoch is older than the one it holds, so a frozen worker that wakes up cannot deliver duplicates.
+
+
 @dataclass
 class GenerateRequest:
-    """router -> prefill_worker: a tokenized request, stamped with its detok worker (hash ring)."""
+    """router -> prefill_worker: a tokenized request, stamped with its decode and detok workers.
+
+    start_seq is the output position of the token this prefill samples: 0 for a new request; n
+    for one resumed after its decode worker died, whose prompt then ends with its n tokens so far
+    (its stream is already open at the detok worker: the router sent ResumeStream)."""
 
     request_id: str
+    epoch: int
+    decode_index: int
     detok_index: int
     prompt: list[int]
+    start_seq: int
     sampling: SamplingParams
     stop: StopCriteria
     detok: DetokParams
@@ -103,11 +115,14 @@ class GenerateRequest:
 
 @dataclass
 class PrefixHeader:
-    """prefill_worker -> decode_worker: a prompt's KV cache (extra frames) and its first token."""
+    """prefill_worker -> decode_worker: a prompt's KV cache (extra frames) and its first token,
+    sampled at output position first_seq."""
 
     request_id: str
+    epoch: int
     detok_index: int
     length: int
+    first_seq: int
     first_token: int
     first_logprob: float
     sampling: SamplingParams
@@ -117,9 +132,12 @@ class PrefixHeader:
 
 @dataclass
 class OpenStream:
-    """Inside a TokenBatch from prefill: opens a request's stream at its detok worker."""
+    """Inside a TokenBatch from prefill: opens a request's stream at its detok worker (which tells
+    decode worker decode_index when a stop string ends it)."""
 
     request_id: str
+    epoch: int
+    decode_index: int
     detok: DetokParams
     logprobs: bool
 
@@ -134,6 +152,7 @@ class TokenBatch:
     source: Source
     step: int
     request_ids: list[str]
+    epochs: list[int]
     seqs: list[int]
     tokens: list[int]
     logprobs: list[float]
@@ -143,9 +162,12 @@ class TokenBatch:
 
 @dataclass
 class TextDelta:
-    """Inside a TextBatch: new text of one request, with the tokens it came from."""
+    """Inside a TextBatch: new text of one request, with the tokens it came from (the first of
+    them at output position start_seq)."""
 
     request_id: str
+    epoch: int
+    start_seq: int
     text: str
     token_ids: list[int]
     logprobs: list[float]
@@ -161,16 +183,56 @@ class TextBatch:
 
 @dataclass
 class Abort:
-    """router -> prefill_worker, decode_worker, detok_worker: forget these requests now."""
+    """router -> prefill_worker, decode_worker, detok_worker: forget these requests, at these
+    epochs and every earlier one."""
 
     request_ids: list[str]
+    epochs: list[int]
 
 
 @dataclass
 class Finish:
-    """detok_worker -> decode_worker: these requests hit a stop string; free their slots."""
+    """detok_worker -> decode_worker: these requests (at these epochs) hit a stop string; free
+    their slots."""
 
     request_ids: list[str]
+    epochs: list[int]
+
+
+@dataclass
+class ResumeStream:
+    """router -> detok_worker: take over (or restart) a request's stream at a new epoch. The
+    worker replays token_ids (every token the client has had) through a fresh detokenizer and
+    stop-string window, emits nothing of it (text_chars characters of text were sent already),
+    and carries on from output position len(token_ids)."""
+
+    request_id: str
+    epoch: int
+    decode_index: int
+    detok: DetokParams
+    logprobs: bool
+    token_ids: list[int]
+    text_chars: int
+
+
+@dataclass
+class Repin:
+    """router -> decode_worker: these requests' streams moved to other detok workers (theirs
+    died): from now on send their tokens there, at the new epoch, starting with every token from
+    output position from_seq on that the decode worker already produced."""
+
+    request_ids: list[str]
+    epochs: list[int]
+    detok_indices: list[int]
+    from_seqs: list[int]
+
+
+@dataclass
+class DetokPool:
+    """router -> prefill_worker, decode_worker: the detok workers' endpoints by index ("" where
+    an index is not in the pool), when the pool grows or shrinks."""
+
+    endpoints: list[str]
 
 
 @dataclass
@@ -178,6 +240,7 @@ class RequestFailed:
     """any worker -> router: these requests cannot complete (the message says why)."""
 
     request_ids: list[str]
+    epochs: list[int]
     role: str
     message: str
 
@@ -216,6 +279,7 @@ class PrefillLoad:
     queue: int  # requests waiting for their prefill
     queued_tokens: int  # their prompt tokens
     prefills: int  # run since start
+    kv_bytes_sent: int  # KV cache bytes sent to decode workers since start
     prefill_time: HistogramSnapshot
 
 
@@ -232,8 +296,12 @@ class DecodeLoad:
     tokens_sent: int
     tombstones: int
     failed_inserts: int
+    kv_tokens: int  # positions the live slots hold (prompt and output so far)
+    kv_capacity: int  # positions every slot could hold: num_slots x max_seq_len
+    kv_bytes_received: int  # KV cache bytes received from prefill workers since start
     step_time: HistogramSnapshot
     step_gap: HistogramSnapshot  # start-to-start time of consecutive busy steps
+    insert_time: HistogramSnapshot  # a prefix into its slot (engine.insert)
 
 
 @dataclass
@@ -247,6 +315,7 @@ class DetokLoad:
     batches_in: int
     batches_out: int
     broken_streams: int
+    resumed: int  # streams taken over from another detok worker (or restarted) since start
     pass_time: HistogramSnapshot
 
 
@@ -257,6 +326,7 @@ class WorkerInfo:
     max_seq_len: int = 0
     vocab_size: int = 0
     num_slots: int = 0
+    endpoint: str = ""  # where the worker's receiver is reached (its senders connect there)
 
 
 @dataclass
@@ -296,6 +366,9 @@ MESSAGE_TYPES: dict[int, type] = {
     7: RequestFailed,
     8: Ready,
     9: Heartbeat,
+    10: ResumeStream,
+    11: Repin,
+    12: DetokPool,
 }
 TYPE_CODES = {cls: code for code, cls in MESSAGE_TYPES.items()}
 

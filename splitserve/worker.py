@@ -7,7 +7,7 @@ each role fills; other types are counted as malformed), failing requests, Ready,
 thread and the drain on stop.
 
 A role subclasses WorkerLoop and provides setup() (its state, senders and self.handlers),
-own_address(), warmup(), loop_once(), load() and idle(). The same class runs as an OS process
+warmup(), loop_once(), load() and idle(). The same class runs as an OS process
 (python -m <role>) or as a thread (threads mode); only the zmq context, the stop event and the
 environment come from outside.
 """
@@ -33,6 +33,7 @@ from splitserve.protocol import (
     PROTOCOL_VERSION,
     DecodeLoad,
     DetokLoad,
+    DetokPool,
     Heartbeat,
     PrefillLoad,
     Ready,
@@ -68,7 +69,8 @@ class WorkerLoop:
         self.pid = os.getpid()
         self.faults = FaultInjector.from_env(environ)
         self._senders: list[AnySender] = []
-        self.receiver = Receiver(ctx, self.own_address(), self.counters)
+        self.endpoint = config.endpoint_of(self.role, index)
+        self.receiver = Receiver(ctx, self.endpoint, self.counters)
         self.router = self.connect(config.addresses.router, f"{self.role}_to_router")
         # message type -> handler; each role fills it with the messages it takes
         self.handlers: dict[type, Handler] = {}
@@ -80,9 +82,6 @@ class WorkerLoop:
     # ---- provided by each role ----
     def setup(self) -> None:
         """The role's own state, senders and handler table; called at the end of __init__."""
-
-    def own_address(self) -> str:
-        raise NotImplementedError
 
     def warmup(self) -> WorkerInfo:
         """Compile and prepare; returns facts for the Ready message."""
@@ -106,6 +105,8 @@ class WorkerLoop:
     def make_engine(self) -> Engine:
         """This role's engine, as the configuration names it (prefill and decode roles)."""
         model = self.config.model
+        if self.role == "decode":  # decode workers may differ in their batch size
+            model = dataclasses.replace(model, num_slots=self.config.slots_of(self.index))
         return build_engine(model, engine_vocab_size(model), role=self.role)
 
     def connect(self, endpoint: str, path: str) -> AnySender:
@@ -115,9 +116,35 @@ class WorkerLoop:
         self._senders.append(sender)
         return sender
 
-    def detok_senders(self, path: str) -> list[AnySender]:
-        """One sender per detok worker of the pool, indexed as the requests' detok_index is."""
-        return [self.connect(endpoint, path) for endpoint in self.config.addresses.detok]
+    def detok_senders(self, path: str) -> list[AnySender | None]:
+        """One sender per detok worker of the pool, indexed as the requests' detok_index is
+        (None where an index left the pool); DetokPool messages keep it up to date."""
+        self._detok_path = path
+        self._detok_endpoints = list(self.config.addresses.detok)
+        self.detoks = [self.connect(endpoint, path) for endpoint in self._detok_endpoints]
+        self.handlers[DetokPool] = self.on_detok_pool
+        return self.detoks
+
+    def on_detok_pool(self, msg: DetokPool, _frames: list[Any]) -> None:
+        """The detok pool grew or shrank: connect to new members, close the senders of gone ones."""
+        for k, endpoint in enumerate(msg.endpoints):
+            known = self._detok_endpoints[k] if k < len(self._detok_endpoints) else None
+            if endpoint == known:
+                continue
+            if k >= len(self.detoks):
+                self.detoks.extend([None] * (k + 1 - len(self.detoks)))
+                self._detok_endpoints.extend([""] * (k + 1 - len(self._detok_endpoints)))
+            old = self.detoks[k]
+            if old is not None:
+                self._senders.remove(old)
+                old.close()
+            self.detoks[k] = self.connect(endpoint, self._detok_path) if endpoint else None
+            self._detok_endpoints[k] = endpoint
+            log.info("%s[%d]: detok %d at %s", self.role, self.index, k, endpoint or "(gone)")
+
+    def detok(self, index: int) -> AnySender | None:
+        """The sender to detok worker `index`, or None if it is not in the pool."""
+        return self.detoks[index] if 0 <= index < len(self.detoks) else None
 
     def run(self) -> None:
         """Warm up and report Ready, then loop until stopped and drained."""
@@ -139,7 +166,7 @@ class WorkerLoop:
             self.shutdown()
 
     def announce_ready(self) -> None:
-        info = self.warmup()
+        info = dataclasses.replace(self.warmup(), endpoint=self.endpoint)
         if threading.current_thread() is threading.main_thread():  # this process is the role's
             freeze_startup_objects()
         self.router.send(Ready(self.role, self.index, self.pid, PROTOCOL_VERSION, info))
@@ -179,10 +206,10 @@ class WorkerLoop:
             else:
                 handler(msg, frames)
 
-    def fail(self, request_ids: list[str], message: str) -> None:
-        """End requests with an error: the router tells their clients."""
+    def fail(self, request_ids: list[str], epochs: list[int], message: str) -> None:
+        """End requests (at these epochs) with an error: the router tells their clients."""
         log.warning("%s[%d]: failing %s: %s", self.role, self.index, request_ids, message)
-        self.router.send(RequestFailed(request_ids, self.role, message))
+        self.router.send(RequestFailed(request_ids, epochs, self.role, message))
 
     def maybe_snapshot(self) -> None:
         now = time.monotonic()

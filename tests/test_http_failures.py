@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 def test_worker_death_surfaces_as_errors_then_service_resumes(tokenizer_512):
     # 400 tokens at 10 ms a step: both requests are still running when decode is killed
-    with http_stack(tokenizer_512, model={"fake_step_s": 0.01}) as stack:
+    # migration off: the error path (tests/test_migration.py has streams that survive)
+    router = {"max_migrations": 0, "queue_timeout_s": 1.0}
+    with http_stack(tokenizer_512, model={"fake_step_s": 0.01}, router=router) as stack:
         long = {"prompt": "doomed", "max_tokens": 400, "ignore_eos": True}
         with stack.http() as c, concurrent.futures.ThreadPoolExecutor(1) as pool:
             plain = pool.submit(c.post, "/v1/completions", json=long)

@@ -32,7 +32,7 @@ class StubCore:
 
     async def submit(self, prompt, params: RequestParams, request_id=None, claimed=False):
         now = time.monotonic()
-        handle = RequestHandle(request_id, len(prompt), 0, params, now, now, now + 60)
+        handle = RequestHandle(request_id, len(prompt), params, now, now, now + 60)
         self.script(handle)
         return handle
 

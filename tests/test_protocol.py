@@ -33,18 +33,18 @@ token_lists = st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=3
 sampling = st.builds(SamplingParams, floats, floats, ints, st.integers(0, 2**32 - 1))
 stops = st.builds(StopCriteria, ints, ints, st.booleans(), token_lists, token_lists)
 detoks = st.builds(DetokParams, st.booleans(), st.lists(st.text(max_size=8)), st.booleans(), ints)
-opens = st.builds(OpenStream, ids, detoks, st.booleans())
-deltas = st.builds(TextDelta, ids, st.text(), token_lists, st.lists(floats),
+opens = st.builds(OpenStream, ids, ints, ints, detoks, st.booleans())
+deltas = st.builds(TextDelta, ids, ints, ints, st.text(), token_lists, st.lists(floats),
                    st.sampled_from([protocol.FinishReason.NONE, protocol.FinishReason.STOP,
                                     protocol.FinishReason.LENGTH]))  # fmt: skip
 counts = st.integers(0, 2**40)
 histograms = st.builds(protocol.HistogramSnapshot, st.lists(floats, max_size=4),
                        st.lists(counts, max_size=5), floats, counts, floats, floats, floats)
 transports = st.builds(protocol.TransportCounters, counts, counts, counts, counts)
-prefill_loads = st.builds(protocol.PrefillLoad, counts, counts, counts, histograms)
-decode_loads = st.builds(protocol.DecodeLoad, *[counts] * 9, histograms, histograms)
-detok_loads = st.builds(protocol.DetokLoad, *[counts] * 7, histograms)
-infos = st.builds(protocol.WorkerInfo, counts, counts, counts)
+prefill_loads = st.builds(protocol.PrefillLoad, counts, counts, counts, counts, histograms)
+decode_loads = st.builds(protocol.DecodeLoad, *[counts] * 12, histograms, histograms, histograms)
+detok_loads = st.builds(protocol.DetokLoad, *[counts] * 8, histograms)
+infos = st.builds(protocol.WorkerInfo, counts, counts, counts, st.text(max_size=20))
 
 
 @st.composite
@@ -65,6 +65,7 @@ def token_batches(draw):
         column(ids),
         column(ints),
         column(ints),
+        column(ints),
         column(floats),
         column(st.integers(0, 2)),
         draw(st.lists(opens, max_size=3)),
@@ -72,14 +73,18 @@ def token_batches(draw):
 
 
 messages = st.one_of(
-    st.builds(GenerateRequest, ids, ints, token_lists, sampling, stops, detoks, st.booleans()),
-    st.builds(PrefixHeader, ids, ints, ints, ints, floats, sampling, stops,
+    st.builds(GenerateRequest, ids, ints, ints, ints, token_lists, ints, sampling, stops, detoks,
+              st.booleans()),
+    st.builds(PrefixHeader, ids, ints, ints, ints, ints, ints, floats, sampling, stops,
               st.lists(st.tuples(st.just("<f4"), st.lists(ints, max_size=4)).map(list))),
     token_batches(),
     st.builds(TextBatch, st.lists(deltas, max_size=10)),
-    st.builds(Abort, st.lists(ids)),
-    st.builds(Finish, st.lists(ids)),
-    st.builds(RequestFailed, st.lists(ids), st.text(), st.text()),
+    st.builds(Abort, st.lists(ids), st.lists(ints)),
+    st.builds(Finish, st.lists(ids), st.lists(ints)),
+    st.builds(RequestFailed, st.lists(ids), st.lists(ints), st.text(), st.text()),
+    st.builds(protocol.ResumeStream, ids, ints, ints, detoks, st.booleans(), token_lists, ints),
+    st.builds(protocol.Repin, st.lists(ids), st.lists(ints), st.lists(ints), st.lists(ints)),
+    st.builds(protocol.DetokPool, st.lists(st.text(max_size=30))),
     st.builds(Ready, st.text(), ints, ints, ints, infos),
     heartbeats(),
 )  # fmt: skip
@@ -97,7 +102,7 @@ def test_every_message_survives_a_round_trip(msg):
 
 def test_kv_arrays_travel_as_extra_frames_without_a_copy():
     kv = [np.arange(24, dtype=np.float32).reshape(2, 3, 4), np.ones((2, 3, 4), np.float32)]
-    header = PrefixHeader("r", 0, 3, 7, -0.5, SamplingParams(), StopCriteria(4),
+    header = PrefixHeader("r", 0, 0, 3, 0, 7, -0.5, SamplingParams(), StopCriteria(4),
                           protocol.kv_meta(kv))  # fmt: skip
     frames = protocol.encode(header, kv)
     back, extra = protocol.decode(frames)
@@ -110,7 +115,9 @@ def _frame(code: int, body) -> list[bytes]:
     return [bytes([code]) + msgpack.packb(body, use_bin_type=True)]
 
 
-good_request = GenerateRequest("r", 0, [1, 2], SamplingParams(), StopCriteria(4), DetokParams())
+good_request = GenerateRequest(
+    "r", 0, 0, 0, [1, 2], 0, SamplingParams(), StopCriteria(4), DetokParams()
+)
 
 
 @pytest.mark.parametrize(
@@ -123,14 +130,14 @@ good_request = GenerateRequest("r", 0, [1, 2], SamplingParams(), StopCriteria(4)
         _frame(1, {"request_id": "r"}),  # a map, not an array
         _frame(1, ["r", 0]),  # too few fields
         _frame(1, [*protocol._CODECS[GenerateRequest].to_wire(good_request), 1, 2]),  # too many
-        _frame(1, ["r", "zero", [1], [0.0, 1.0, 0, 1], [4], [], False]),  # str for an int
-        _frame(1, ["r", 0, 5, [0.0, 1.0, 0, 1], [4], [], False]),  # int for a list
-        _frame(1, ["r", 0, [1], "sampling", [4], [], False]),  # str for a nested message
-        _frame(1, ["r", 0, [1], [0.0, 1.0, 0, 1], ["four"], [], False]),  # bad nested field
+        _frame(1, ["r", "zero", 0, 0, [1], 0, [0.0, 1.0, 0, 1], [4], [], False]),  # str for int
+        _frame(1, ["r", 0, 0, 0, 5, 0, [0.0, 1.0, 0, 1], [4], [], False]),  # int for a list
+        _frame(1, ["r", 0, 0, 0, [1], 0, "sampling", [4], [], False]),  # str for a message
+        _frame(1, ["r", 0, 0, 0, [1], 0, [0.0, 1.0, 0, 1], ["four"], [], False]),  # bad nested
         _frame(4, [["not a delta"]]),  # a list of nested messages holding a str
-        _frame(9, ["decode", 0, 1, 2, 0.0, False, [0, 0, 0, 0], ["not", "a", "load"]]),
-        _frame(4, [[["r", "x", [1], [], 9]]]),  # 9 is no finish reason
-        _frame(3, [7, 0, [], [], [], [], []]),  # 7 is no source
+        _frame(9, ["decode", 0, 1, 3, 0.0, False, [0, 0, 0, 0], ["not", "a", "load"]]),
+        _frame(4, [[["r", 0, 0, "x", [1], [], 9]]]),  # 9 is no finish reason
+        _frame(3, [7, 0, [], [], [], [], [], []]),  # 7 is no source
     ],
 )
 def test_malformed_frames_raise_protocol_error(frames):

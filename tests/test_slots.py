@@ -12,7 +12,7 @@ from splitserve.protocol import StopCriteria
 
 
 def slot(rid: str) -> Slot:
-    return Slot(rid, 0, StopCriteria(max_tokens=16), 1, 1)
+    return Slot(rid, 0, 0, StopCriteria(max_tokens=16), 1, 1)
 
 
 def test_take_gives_the_lowest_free_slot_and_release_frees_it():

@@ -1,8 +1,9 @@
 """Two hosts for real: two Linux network namespaces joined by a veth pair, deploy/launch.sh run in
 each (prefill-host: router + prefill; decode-host: decode + the detok pool), completions streamed
 through the router. The KV cache and the tokens cross between the two network stacks. Then the
-link is cut mid-stream: requests end with an error in bounded time, and service resumes when the
-link comes back. Needs root (CI runs as root); installs iproute2 when `ip` is missing."""
+link is cut mid-stream until the router sees the decode host's workers die: the requests wait,
+and when the link comes back every stream completes with all its tokens. Needs root (CI runs as
+root); installs iproute2 when `ip` is missing."""
 
 from __future__ import annotations
 
@@ -124,6 +125,19 @@ def _generated(hosts: TwoHosts) -> float:
     return float(hosts.run("p", [sys.executable, "-c", code], timeout=30).strip() or 0)
 
 
+def _worker_state(hosts: TwoHosts, role: str, index: int) -> str:
+    """The router's view of one worker, from /health inside the prefill host's namespace."""
+    code = (
+        "import json, urllib.request as u, urllib.error as e;"
+        f"url = 'http://{SUBNET}.1:8000/health'\n"
+        "try: body = u.urlopen(url, timeout=5).read()\n"
+        "except e.HTTPError as err: body = err.read()\n"
+        f"print([w['state'] for w in json.loads(body)['workers'] if (w['role'], w['index']) == "
+        f"('{role}', {index})][0])"
+    )
+    return hosts.run("p", [sys.executable, "-c", code], timeout=30).strip()
+
+
 def _wait_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     seen = []
@@ -176,40 +190,27 @@ def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path)
         assert len(results) == 6
         assert all(r["finish_reason"] == "length" and r["tokens"] == 24 for r in results), results
 
-        # cut the link while streams are running
+        # cut the link while streams are running: the router sees the decode host's workers die
+        # and holds their requests; once the link is back they go on, every token exactly once
         before = _generated(two_hosts)
         load = two_hosts.popen(
-            "p", [*client, "--requests", "12", "--max-tokens", "1000"],
+            "p", [*client, "--requests", "12", "--max-tokens", "300"],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while _generated(two_hosts) < before + 100:  # tokens are crossing the link
             assert time.monotonic() < deadline, "no tokens flowing before the cut"
             time.sleep(0.1)
-        cut_at = time.time()
         two_hosts.link(False)
-        out, _ = load.communicate(timeout=120)
+        deadline = time.monotonic() + 60
+        while _worker_state(two_hosts, "decode", 0) != "dead":
+            assert time.monotonic() < deadline, "the router did not see the decode host go"
+            time.sleep(0.2)
+        two_hosts.link(True)
+        out, _ = load.communicate(timeout=300)
         cut = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         assert len(cut) == 12
-        errors = [r for r in cut if r["finish_reason"] == "error"]
-        assert errors, cut
-        for r in cut:
-            if r["finish_reason"] == "error":
-                assert r["ended_at"] - cut_at < 6.0, r
-            elif r["finish_reason"] == "http_error":  # still queued at the router: a clear 503
-                assert "HTTP 503" in r["error"] and "went down while the request was queued" \
-                    in r["error"], r
-                assert r["ended_at"] - cut_at < 6.0, r
-            else:  # complete before the cut (margin: delivery to the client)
-                assert r["finish_reason"] == "length" and r["ended_at"] < cut_at + 0.5, r
-        two_hosts.link(True)
-        deadline = time.monotonic() + 60
-        while True:
-            again = stream(2, 16, timeout=60)
-            if all(r.get("finish_reason") == "length" for r in again):
-                break
-            assert time.monotonic() < deadline, f"service did not resume: {again}"
-            time.sleep(1.0)
+        assert all(r["finish_reason"] == "length" and r["tokens"] == 300 for r in cut), cut
         results = stream(6, 24)
         assert all(r["finish_reason"] == "length" and r["tokens"] == 24 for r in results), results
 

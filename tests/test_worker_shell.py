@@ -46,7 +46,7 @@ def cluster(tokenizer_512) -> Iterator[Callable]:
         a = config.addresses
         ends = {"router": a.router, **{f"detok{i}": e for i, e in enumerate(a.detok)}}
         if cls is not DecodeWorker:
-            ends["decode"] = a.decode
+            ends["decode"] = a.decode[0]
         if cls is DetokWorker:
             del ends["detok0"]  # the worker's own address
         peers = {name: Receiver(ctx, end, TransportCounters()) for name, end in ends.items()}
@@ -62,8 +62,9 @@ def cluster(tokenizer_512) -> Iterator[Callable]:
 
 def request(rid: str, prompt=(5, 6, 7), max_tokens: int = 8) -> GenerateRequest:
     return GenerateRequest(
-        rid, 1, list(prompt), SamplingParams(), StopCriteria(max_tokens=max_tokens), DetokParams()
-    )
+        rid, 0, 0, 1, list(prompt), 0, SamplingParams(), StopCriteria(max_tokens=max_tokens),
+        DetokParams(),
+    )  # fmt: skip
 
 
 def wait_for_message(receiver: Receiver, kind: type, pump: Callable[[], None] = lambda: None):
@@ -80,7 +81,7 @@ def wait_for_message(receiver: Receiver, kind: type, pump: Callable[[], None] = 
 
 def test_prefill_table_takes_requests_and_aborts(cluster):
     worker, _ = cluster(PrefillWorker)
-    worker.dispatch([(request("a"), []), (request("b"), []), (Abort(["a"]), [])])
+    worker.dispatch([(request("a"), []), (request("b"), []), (Abort(["a"], [0]), [])])
     assert [r.request_id for r in worker.queue] == ["b"]
     assert worker.counters.malformed == 0
 
@@ -88,16 +89,16 @@ def test_prefill_table_takes_requests_and_aborts(cluster):
 @pytest.mark.parametrize("cls", [PrefillWorker, DecodeWorker, DetokWorker])
 def test_a_type_the_role_does_not_take_is_counted_and_skipped(cluster, cls):
     worker, _ = cluster(cls)
-    worker.dispatch([(TextBatch([]), []), (RequestFailed(["x"], "router", "?"), [])])
+    worker.dispatch([(TextBatch([]), []), (RequestFailed(["x"], [0], "router", "?"), [])])
     assert worker.counters.malformed == 2
     assert worker.idle()
 
 
 def test_fail_tells_the_router(cluster):
     worker, peers = cluster(DecodeWorker)
-    worker.fail(["a", "b"], "something went wrong")
+    worker.fail(["a", "b"], [0, 2], "something went wrong")
     msg, _ = wait_for_message(peers["router"], RequestFailed)
-    assert msg == RequestFailed(["a", "b"], "decode", "something went wrong")
+    assert msg == RequestFailed(["a", "b"], [0, 2], "decode", "something went wrong")
 
 
 def test_prefill_sends_first_token_to_detok_and_prefix_to_decode(cluster):
@@ -116,10 +117,10 @@ def test_prefix_frames_reach_the_decode_handler_and_tokens_leave(cluster):
     worker, peers = cluster(DecodeWorker)
     prefix = worker.engine.prefill([5, 6, 7], SamplingParams())
     header = PrefixHeader(
-        "a", 1, prefix.length, prefix.first_token, prefix.first_logprob, SamplingParams(),
+        "a", 0, 1, prefix.length, 0, prefix.first_token, prefix.first_logprob, SamplingParams(),
         StopCriteria(max_tokens=3), protocol.kv_meta(prefix.kv),
     )  # fmt: skip
-    sender = Sender(worker.ctx, worker.config.addresses.decode, TransportCounters())
+    sender = Sender(worker.ctx, worker.config.addresses.decode[0], TransportCounters())
     sender.send(header, prefix.kv)
     tokens: list[int] = []
     while len(tokens) < 2:  # tokens 1 and 2; the third (max_tokens) frees the slot
@@ -134,13 +135,13 @@ def test_faults_wrap_the_named_paths_only(cluster):
     spec = "prefill_to_detok_delay=0.3,prefill_to_decode_drop=1"
     worker, _ = cluster(PrefillWorker, {"SPLITSERVE_FAULTS": spec})
     assert all(isinstance(d, FaultySender) for d in worker.detoks)
-    assert isinstance(worker.decode, DroppingSender)
+    assert all(isinstance(d, DroppingSender) for d in worker.decodes)
     assert isinstance(worker.router, Sender)
 
 
 def test_without_faults_the_senders_are_plain(cluster):
     worker, _ = cluster(PrefillWorker)
-    assert all(type(s) is Sender for s in [worker.router, worker.decode, *worker.detoks])
+    assert all(type(s) is Sender for s in [worker.router, *worker.decodes, *worker.detoks])
 
 
 def test_delayed_first_token_goes_out_when_the_shell_releases_it(cluster):

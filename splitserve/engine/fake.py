@@ -2,6 +2,9 @@
 
 prefill: first token = (2 * sum(prompt)) mod vocab ("weight 2").
 generate: token at output position i = (4 * previous + i) mod vocab ("weight 4").
+A resumed prefill (out_pos n > 0: the prompt ends with the request's first n output tokens) samples
+as generate would have: (4 * prompt[-1] + n) mod vocab, so a resumed stream equals an undisturbed
+one.
 logprob of token t is -(t mod 10) / 10.
 
 The "KV cache" is the prompt itself as float32 [length, 1]; insert() recomputes the first token
@@ -25,6 +28,13 @@ def fake_first_token(prompt: Sequence[int], vocab_size: int) -> int:
 
 def fake_next_token(previous: int, position: int, vocab_size: int) -> int:
     return (4 * previous + position) % vocab_size
+
+
+def fake_prefill_token(prompt: Sequence[int], out_pos: int, vocab_size: int) -> int:
+    """What a prefill samples at output position out_pos (see the module docstring)."""
+    if out_pos == 0:
+        return fake_first_token(prompt, vocab_size)
+    return fake_next_token(int(prompt[-1]), out_pos, vocab_size)
 
 
 def fake_logprob(token: int) -> float:
@@ -53,29 +63,30 @@ class FakeEngine(Engine):
         if prefill:
             self.prefill([1, 2, 3], SamplingParams())
 
-    def prefill(self, tokens: Sequence[int], sampling: SamplingParams) -> Prefix:
+    def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:
         if not tokens:
             raise ValueError("empty prompt")
         if len(tokens) >= self.max_seq_len:
             raise ValueError(f"prompt of {len(tokens)} tokens exceeds max_seq_len")
         if self.prefill_s:
             time.sleep(self.prefill_s)
-        first = fake_first_token(tokens, self.vocab_size)
+        first = fake_prefill_token(tokens, out_pos, self.vocab_size)
         kv = np.asarray(tokens, np.float32).reshape(len(tokens), 1)
         return Prefix(
-            kv=[kv], length=len(tokens), first_token=first, first_logprob=fake_logprob(first)
-        )
+            kv=[kv], length=len(tokens), first_token=first, first_logprob=fake_logprob(first),
+            out_pos=out_pos,
+        )  # fmt: skip
 
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
         (kv,) = prefix.kv
         prompt = [int(x) for x in kv[:, 0]]
         if (
             len(prompt) != prefix.length
-            or fake_first_token(prompt, self.vocab_size) != prefix.first_token
+            or fake_prefill_token(prompt, prefix.out_pos, self.vocab_size) != prefix.first_token
         ):
             raise ValueError("KV cache does not match its first token: corrupted in transit")
         self._last[slot] = prefix.first_token
-        self._position[slot] = 1
+        self._position[slot] = prefix.out_pos + 1
         self._live[slot] = True
 
     def generate(self) -> StepOutput:

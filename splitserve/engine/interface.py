@@ -37,6 +37,9 @@ class Prefix:
     length: int  # prompt tokens covered by kv
     first_token: int
     first_logprob: float
+    # the output position first_token was sampled at: 0, or n for a request resumed after its
+    # n output tokens (which then end its prompt)
+    out_pos: int = 0
 
 
 @dataclass
@@ -60,14 +63,16 @@ class Engine(abc.ABC):
         side) and the decode steps (a decode worker's side)."""
 
     @abc.abstractmethod
-    def prefill(self, tokens: Sequence[int], sampling: SamplingParams) -> Prefix:
-        """Run the prompt; sample output position 0."""
+    def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:
+        """Run the prompt; sample output position out_pos (0, unless the request is resumed and
+        its prompt ends with its first out_pos output tokens)."""
 
     @abc.abstractmethod
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
         """Place a prefix (possibly built in another process) into a free slot.
 
-        The slot's next sampled token is output position 1; its input is prefix.first_token.
+        The slot's next sampled token is output position prefix.out_pos + 1; its input is
+        prefix.first_token.
         """
 
     @abc.abstractmethod

@@ -261,14 +261,14 @@ class JaxEngine(Engine):
 
     # -- Engine interface --------------------------------------------------------------
 
-    def prefill(self, tokens: Sequence[int], sampling: SamplingParams) -> Prefix:
+    def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:
         n = len(tokens)
         if not 1 <= n <= self.max_seq_len:
             raise ValueError(f"prompt of {n} tokens; this engine takes 1..{self.max_seq_len}")
         ids = np.asarray(tokens, np.int64)
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
-        ints, floats = self._sampling_rows(sampling, out_pos=0)
+        ints, floats = self._sampling_rows(sampling, out_pos=out_pos)
         bucket = _pick(self.prefill_buckets, n)
         padded = np.zeros(bucket, np.int32)
         padded[:n] = ids
@@ -285,6 +285,7 @@ class JaxEngine(Engine):
             length=n,
             first_token=int(np.asarray(tok)[0]),
             first_logprob=float(np.asarray(lp)[0]),
+            out_pos=out_pos,
         )
 
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
@@ -298,7 +299,7 @@ class JaxEngine(Engine):
         for arr in prefix.kv:
             if tuple(arr.shape) != want:
                 raise ValueError(f"prefix kv shape {arr.shape}, expected {want}")
-        ints, floats = self._sampling_rows(sampling, out_pos=1)
+        ints, floats = self._sampling_rows(sampling, out_pos=prefix.out_pos + 1)
         # Room for the prefix and the first decoded token's K/V.
         need = _pick(self.decode_buckets, min(n + 1, self.max_seq_len))
         self._fit_capacity(max(self._capacity, need))

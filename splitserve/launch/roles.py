@@ -35,7 +35,7 @@ def role_module(role: str, mode: str) -> str:
 def role_instances(config: ClusterConfig, roles: Iterable[str]) -> list[tuple[str, int]]:
     out = []
     for role in roles:
-        count = config.detok_count if role == "detok" else 1
+        count = config.count(role)
         out.extend((role, i) for i in range(count))
     return out
 

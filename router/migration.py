@@ -1,0 +1,160 @@
+"""Moving a request off a worker that died, so that its client sees a pause and nothing else.
+
+The router holds all it needs: the request as it was sent, every token the client has had (n of
+them) and the length of the text sent. A move bumps the request's placement epoch; every worker
+and the router drop messages of older epochs, so nothing a dead (or frozen, then woken) worker
+still sends can reach the client twice.
+
+- Its detok worker died and it has tokens (its decode worker holds it): only the stream moves.
+  The ring picks another detok worker, which gets ResumeStream (the tokens so far: it rebuilds the
+  text state, emitting nothing) and the decode worker gets Repin (send the tokens from position n
+  on, and later ones, there).
+- Otherwise (its prefill or decode worker died, or no token has reached the client yet): it is
+  placed again and prefilled again, with the n tokens appended to its prompt and sampling at
+  output position n with the same seed, so greedy and seeded outputs go on as they would have
+  (where prefill and decode round alike); the detok worker gets ResumeStream first when n > 0.
+- Past max_migrations moves, or after waiting migration_timeout_s for a live worker of a role it
+  needs, the request ends with an error that says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from router.links import WorkerLinks
+from router.placement import NoLiveWorker, Placement, Stamp
+from router.request_table import RequestTable
+from router.requests import RequestHandle
+from router.workers import WorkerState
+from splitserve.config import RouterConfig
+from splitserve.protocol import FinishReason, GenerateRequest, Repin, ResumeStream
+
+log = logging.getLogger(__name__)
+
+
+class Migrator:
+    def __init__(
+        self,
+        config: RouterConfig,
+        requests: RequestTable,
+        placement: Placement,
+        links: Callable[[], WorkerLinks],
+        end: Callable[[RequestHandle, FinishReason, str], None],
+        moved: Callable[[str], None],
+    ):
+        self.config = config
+        self.requests = requests
+        self.placement = placement
+        self.links = links
+        self.end = end
+        self.moved = moved  # counts a move by the role whose worker was lost
+        self.waiting: dict[str, RequestHandle] = {}  # moves that wait for a live worker
+
+    def worker_lost(self, w: WorkerState) -> None:
+        """Move every request that depended on worker w."""
+        self.placement.refresh()  # the ring without w, if w is gone
+        for handle in self.requests.handles():
+            stamp = handle.stamp
+            if w.role == "detok":
+                hit = stamp.detok == w.index
+            elif w.role == "prefill":
+                hit = stamp.prefill == w.index and not handle.completion_tokens
+            else:
+                hit = stamp.decode == w.index
+            if hit:
+                self.move(handle, w.role, f"{w.role} worker {w.index} died")
+
+    def move(self, handle: RequestHandle, lost: str, reason: str) -> None:
+        if handle.result is not None:
+            return
+        if handle.migrations >= self.config.max_migrations:
+            self.end(handle, FinishReason.ERROR,
+                     f"{reason}; the request was moved {handle.migrations} times already")
+            return  # fmt: skip
+        old = handle.stamp
+        handle.migrations += 1
+        handle.last_progress = time.monotonic()  # the stall clock starts again after a move
+        self.moved(lost)
+        if lost == "detok" and handle.completion_tokens and handle.placed:
+            # the decode worker keeps it; the old detok worker (if it lives on) forgets it
+            self.links().abort_soon(handle.request_id, old, ("detok",))
+            self.move_stream(handle, old)
+        else:
+            self.links().abort_soon(handle.request_id, old)
+            self.placement.release(handle)
+            self.replace(handle, old.epoch + 1, reason)
+
+    def move_stream(self, handle: RequestHandle, old: Stamp) -> None:
+        """A new detok worker takes the stream over; the decode worker follows it there."""
+        try:
+            detok = self.placement.detok_for(handle.request_id)
+        except NoLiveWorker:  # no detok worker at all: it waits, and is prefilled again then
+            self.links().abort_soon(handle.request_id, old, ("prefill", "decode"))
+            self.placement.release(handle)
+            self.wait(handle, old.epoch + 1)
+            return
+        stamp = dataclasses.replace(old, epoch=old.epoch + 1, detok=detok)
+        handle.stamp = stamp
+        links = self.links()
+        links.send("detok", detok, self.resume_message(handle))
+        n = handle.completion_tokens
+        links.send("decode", stamp.decode, Repin([handle.request_id], [stamp.epoch], [detok], [n]))
+        log.info("%s: stream moved to detok %d (epoch %d, from token %d)", handle.request_id,
+                 detok, stamp.epoch, n)  # fmt: skip
+
+    def replace(self, handle: RequestHandle, epoch: int, reason: str) -> None:
+        """Place the request anew and prefill it again from what the client has had."""
+        message = handle.message
+        try:
+            self.placement.place(handle, epoch)
+        except NoLiveWorker:
+            self.wait(handle, epoch)
+            return
+        stamp = handle.stamp
+        handle.waiting_since = None
+        self.waiting.pop(handle.request_id, None)
+        n = handle.completion_tokens
+        links = self.links()
+        if n:
+            links.send("detok", stamp.detok, self.resume_message(handle))
+        resent = dataclasses.replace(
+            message, epoch=epoch, decode_index=stamp.decode, detok_index=stamp.detok,
+            prompt=[*message.prompt, *handle.token_ids], start_seq=n,
+        )  # fmt: skip
+        links.send("prefill", stamp.prefill, resent)
+        log.info("%s: moved (%s) to prefill %d, decode %d, detok %d at epoch %d from token %d",
+                 handle.request_id, reason, stamp.prefill, stamp.decode, stamp.detok, epoch,
+                 n)  # fmt: skip
+
+    def wait(self, handle: RequestHandle, epoch: int) -> None:
+        """No live worker can take it now: it waits (its stamp's epoch moves on, so the old
+        workers' late output is dropped) until retry() finds one, or times out."""
+        handle.stamp = dataclasses.replace(handle.stamp, epoch=epoch)
+        if handle.waiting_since is None:
+            handle.waiting_since = time.monotonic()
+        self.waiting[handle.request_id] = handle
+
+    def retry(self) -> None:
+        """Workers changed: place the requests that wait, or end those that waited too long."""
+        now = time.monotonic()
+        for rid, handle in list(self.waiting.items()):
+            if handle.result is not None:
+                del self.waiting[rid]
+            elif now - handle.waiting_since > self.config.migration_timeout_s:
+                del self.waiting[rid]
+                self.end(handle, FinishReason.ERROR,
+                         f"no live worker took the request over in "
+                         f"{self.config.migration_timeout_s:.0f} s")  # fmt: skip
+            else:
+                self.replace(handle, handle.stamp.epoch, "waited for a live worker")
+
+    def resume_message(self, handle: RequestHandle) -> ResumeStream:
+        message: GenerateRequest = handle.message
+        stamp = handle.stamp
+        return ResumeStream(
+            handle.request_id, stamp.epoch, stamp.decode, message.detok, message.logprobs,
+            list(handle.token_ids), handle.text_chars,
+        )  # fmt: skip
