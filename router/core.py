@@ -1,8 +1,9 @@
 """The router core: a request's life from admission to its one end, composed of small parts.
 
 A request's path through the router core:
- 1. submit() checks the prompt and parameters against the one table of bounds (router/params.py)
-    and clamps max_tokens to the context; the request id is reserved (router/request_table.py).
+ 1. submit() checks the prompt and parameters against the one table of bounds (router/params.py),
+    clamps max_tokens to the context, and builds and encodes the request's message (refused if it
+    could not travel); only then is the request id reserved (router/request_table.py).
  2. Admission (router/admission.py) lets it into the pipeline at once, queues it, or refuses it
     (Overloaded / NotReady).
  3. Placement (router/placement.py) stamps its detok worker, once, by the hash ring; the
@@ -21,6 +22,7 @@ tests drive it directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -37,8 +39,9 @@ from router.metrics import RouterMetrics
 from router.params import MAX_SEED, validate
 from router.placement import Placement
 from router.request_table import RequestTable
-from router.requests import NotReady, RequestHandle, RequestParams
+from router.requests import InvalidRequest, NotReady, RequestHandle, RequestParams
 from router.workers import WorkerTable
+from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.engine.interface import SamplingParams
 from splitserve.protocol import (
@@ -121,6 +124,7 @@ class RouterCore:
 
     async def close(self) -> None:
         if self.links is not None:
+            self.links.flush_aborts()  # now: a flush still scheduled would meet closed sockets
             self.links.close()
         for t in self._tasks:
             t.cancel()
@@ -139,10 +143,16 @@ class RouterCore:
         claimed: bool = False,
     ) -> RequestHandle:
         """Admit one request; raises InvalidRequest, Overloaded or NotReady. `claimed`: the id
-        was claimed from the request table by the caller (the HTTP layer's choices)."""
+        was claimed from the request table by the caller (the HTTP layer's choices).
+
+        Nothing is held for the request until it is known to be valid and sendable: its message
+        is built, encoded and read back by the workers' own decoder first. Then the id is
+        reserved and a place in the pipeline taken; every failure from there on gives both back
+        (before the handle is registered) or ends the handle, which does (after)."""
         submitted = time.monotonic()
         params = validate(prompt, params, self.vocab_size, self.config.model.max_seq_len)
         rid = request_id or f"req-{uuid.uuid4().hex}"
+        unstamped = self._request_message(rid, prompt, params)
         self.requests.reserve(rid, claimed)
         try:
             if not self.is_ready():
@@ -152,28 +162,26 @@ class RouterCore:
         except BaseException:
             self.requests.unreserve(rid)
             raise
-        if not self.is_ready():
+        try:
+            if not self.is_ready():
+                raise NotReady("the pipeline went down while the request was queued")
+            handle, frames = self._stamp(unstamped, params, submitted)
+            self.requests.add(handle)
+        except BaseException:
             self.requests.unreserve(rid)
             self.admission.release()
-            raise NotReady("the pipeline went down while the request was queued")
-        return self._start(rid, prompt, params, submitted)
+            raise
+        self._send(handle, frames)
+        return handle
 
-    def _start(
-        self, rid: str, prompt: list[int], params: RequestParams, submitted: float
-    ) -> RequestHandle:
-        """The admitted request enters the pipeline: stamped, registered, sent to prefill."""
-        now = time.monotonic()
-        detok_index = self.placement.detok_for(rid)
-        handle = RequestHandle(
-            rid, len(prompt), detok_index, params, submitted, now,
-            deadline=now + self.config.router.request_timeout_s, last_progress=now,
-        )  # fmt: skip
-        self.requests.add(handle)
-        self.metrics.admitted(handle)
+    def _request_message(self, rid: str, prompt: list[int], params: RequestParams):
+        """The GenerateRequest, not yet stamped with its detok worker; InvalidRequest if it
+        cannot travel. The decode is the prefill worker's own check: a message it would drop
+        as malformed must be refused here, not left waiting for a first token."""
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
         msg = GenerateRequest(
             rid,
-            detok_index,
+            0,  # the detok worker: stamped at admission (_stamp)
             list(prompt),
             SamplingParams(params.temperature, params.top_p, params.top_k, seed),
             StopCriteria(
@@ -186,10 +194,43 @@ class RouterCore:
             ),
             params.logprobs,
         )  # fmt: skip
-        if not self.links.prefill.send(msg):
-            self.end(handle, FinishReason.ERROR, "the prefill worker is not accepting requests")
-        log.info("%s admitted: %d prompt tokens, detok %d", rid, len(prompt), detok_index)
-        return handle
+        try:
+            protocol.decode(protocol.encode(msg))
+        except (protocol.ProtocolError, TypeError, ValueError, OverflowError) as exc:
+            # UnicodeEncodeError is a ValueError; msgpack raises OverflowError for huge ints
+            raise InvalidRequest(f"the request cannot be sent to the workers: {exc}") from None
+        return msg
+
+    def _stamp(
+        self, unstamped: GenerateRequest, params: RequestParams, submitted: float
+    ) -> tuple[RequestHandle, list]:
+        """The admitted request's handle and frames, stamped with its detok worker (the hash
+        ring's choice now, over the detok workers live now)."""
+        now = time.monotonic()
+        rid = unstamped.request_id
+        detok_index = self.placement.detok_for(rid)
+        frames = protocol.encode(dataclasses.replace(unstamped, detok_index=detok_index))
+        handle = RequestHandle(
+            rid, len(unstamped.prompt), detok_index, params, submitted, now,
+            deadline=now + self.config.router.request_timeout_s, last_progress=now,
+        )  # fmt: skip
+        return handle, frames
+
+    def _send(self, handle: RequestHandle, frames: list) -> None:
+        """The registered request goes to the prefill worker. A failure ends it, which gives its
+        id and place back (and tells the workers to forget it); one that raised is raised on."""
+        try:
+            self.metrics.admitted(handle)
+            if not self.links.prefill.send_frames(frames):
+                self.end(handle, FinishReason.ERROR, "the prefill worker is not accepting requests")
+                return
+            log.info(
+                "%s admitted: %d prompt tokens, detok %d", handle.request_id,
+                handle.prompt_tokens, handle.detok_index,
+            )  # fmt: skip
+        except BaseException:
+            self.end(handle, FinishReason.ERROR, "the router failed to start the request")
+            raise
 
     def abort(self, handle: RequestHandle) -> None:
         """The client went away or cancelled: end the request and free its resources."""
