@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from router.requests import InvalidRequest, RequestParams
+from splitserve.protocol import FLOAT32_TINY
 
 MAX_SEED = 2**63 - 1
 MAX_TOKENS = 1 << 20  # max_tokens beyond any context; validate() clamps it to the context
@@ -24,8 +25,8 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
 
 
-# The sampler computes in float32 on accelerators that flush subnormal numbers to zero.
-FLOAT32_TINY = 2.0**-126  # float32's smallest normal number (numpy.finfo(float32).tiny)
+# The sampler computes in float32 on hardware that flushes subnormal numbers to zero;
+# FLOAT32_TINY, float32's smallest normal number, is also the least top_p the wire accepts.
 # logits / temperature must not overflow float32 (3.4e38): with this floor it cannot for logits
 # up to 3e26 in size, far beyond any model's. Measured before the floor: temperature 1e-37 on
 # logits of about 90 sampled token 0, whatever the logits said.
