@@ -85,7 +85,7 @@ class RouterCore:
         )
         self.liveness = LivenessMonitor(
             self.workers, self.requests, config.router.stall_timeout_s, self.end,
-            self._workers_changed,
+            self._workers_changed, config.lifecycle.heartbeat_interval_s,
         )  # fmt: skip
         self.accepting = True
         self.links: WorkerLinks | None = None  # bound by start()

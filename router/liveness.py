@@ -3,7 +3,9 @@
 Every MONITOR_INTERVAL_S it marks workers dead whose heartbeats stopped (a worker that restarted is
 seen by its new pid as heartbeats arrive, see WorkerTable.observe), and ends the requests that
 depended on a lost worker with an error; it also ends requests past their deadline, and those that
-made no progress for stall_timeout_s (the backstop for a message lost in a crash).
+made no progress for stall_timeout_s (the backstop for a message lost in a crash). A request still
+waiting for its first token is lost once the prefill worker was seen idle stall_timeout_s after
+the request was sent to it (see PrefillIdle): a prefill queue, however long, is never a stall.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from router.request_table import RequestTable
 from router.requests import RequestHandle
 from router.workers import WorkerState, WorkerTable
-from splitserve.protocol import DecodeLoad, FinishReason
+from splitserve.protocol import DecodeLoad, FinishReason, Heartbeat
 
 MONITOR_INTERVAL_S = 0.1
 
@@ -30,12 +32,14 @@ class LivenessMonitor:
         stall_timeout_s: float,
         end: EndRequest,
         on_workers_changed: Callable[[], None],
+        heartbeat_interval_s: float,
     ):
         self.workers = workers
         self.requests = requests
         self.stall_timeout_s = stall_timeout_s
         self.end = end
         self.on_workers_changed = on_workers_changed
+        self.prefill_idle = PrefillIdle(heartbeat_interval_s)
 
     async def run(self) -> None:
         while True:
@@ -69,12 +73,52 @@ class LivenessMonitor:
         decode = self.workers.get("decode", 0)
         load = decode.load if decode else None
         slots_contended = isinstance(load, DecodeLoad) and load.pending > 0
+        idle_at = self.prefill_idle.observe(self.workers.get("prefill", 0))
         for handle in self.requests.handles():
             if now > handle.deadline:
                 self.end(handle, FinishReason.ERROR, "request timed out")
             elif handle.first_token_at is None:
-                continue
+                if idle_at is not None and idle_at - handle.admitted > stall:
+                    self.end(handle, FinishReason.ERROR, "no first token: the prefill worker"
+                             f" went idle {stall:.0f} s after the request was sent (lost)")
             elif handle.completion_tokens <= 1 and slots_contended:
                 continue
             elif now - handle.last_progress > stall:
                 self.end(handle, FinishReason.ERROR, f"no progress for {stall:.0f} s")
+
+
+class PrefillIdle:
+    """When the prefill worker was last seen idle: every request that had reached it was done.
+
+    A heartbeat carries the load snapshot of the worker's last completed loop pass, taken
+    loop_age_s before it was sent, and snapshots are at least half a heartbeat interval apart. A
+    pass drains the socket, then runs at most one prefill. So when a snapshot shows an empty queue
+    and the same prefill count as an earlier, distinct snapshot, its pass ran no prefill and its
+    drain was just before it: every request in the socket by then was prefilled, failed or
+    aborted. A request sent stall_timeout_s before that and still without a first token was lost
+    on the way (a dropped message, a crash between two sends). During a long prefill the worker
+    takes no snapshot (the heartbeats repeat the last one), so a busy worker never reads idle.
+    """
+
+    def __init__(self, heartbeat_interval_s: float) -> None:
+        # snapshot times estimated closer than this are one snapshot seen twice (transit jitter)
+        self.same_snapshot_s = heartbeat_interval_s / 4
+        self._beat: Heartbeat | None = None
+        self._reference: tuple[int, float, int] | None = None  # pid, taken, prefills
+        self.idle_at: float | None = None  # router clock, when the idle snapshot was taken
+
+    def observe(self, worker: WorkerState | None) -> float | None:
+        beat = worker.heartbeat if worker is not None else None
+        if beat is None or beat is self._beat or beat.prefill is None:
+            return self.idle_at
+        self._beat = beat
+        taken = worker.last_seen - beat.loop_age_s
+        load, ref = beat.prefill, self._reference
+        if ref is None or ref[0] != beat.pid:  # a new worker: nothing known of it yet
+            self.idle_at = None
+        elif taken - ref[1] < self.same_snapshot_s:
+            return self.idle_at  # the reference snapshot again
+        elif load.queue == 0 and load.prefills == ref[2]:
+            self.idle_at = taken
+        self._reference = (beat.pid, taken, load.prefills)
+        return self.idle_at
