@@ -44,6 +44,7 @@ from router.workers import WorkerTable
 from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.engine.interface import SamplingParams
+from splitserve.message_limits import max_message_bytes
 from splitserve.protocol import (
     DecodeLoad,
     DetokParams,
@@ -94,7 +95,10 @@ class RouterCore:
 
     # ---- start and stop ----
     async def start(self) -> None:
-        self.links = WorkerLinks(self.ctx, self.config.addresses, self.counters)
+        self.links = WorkerLinks(
+            self.ctx, self.config.addresses, self.counters,
+            max_message_bytes("router", self.config),
+        )  # fmt: skip
         self._ready_event = asyncio.Event()
         dispatch = MessageDispatch(
             self.requests, self.workers, self.metrics, self.counters, self.end,

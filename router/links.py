@@ -24,9 +24,12 @@ READ_BATCH = 256  # worker messages handled per pass of the event loop
 
 
 class WorkerLinks:
-    def __init__(self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters):
+    def __init__(
+        self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters,
+        max_message_bytes: int = -1,
+    ):  # fmt: skip
         self.counters = counters
-        self.receiver = Receiver(ctx, addresses.router, counters)
+        self.receiver = Receiver(ctx, addresses.router, counters, max_message_bytes)
         self.prefill = Sender(ctx, addresses.prefill, counters)
         self.decode = Sender(ctx, addresses.decode, counters)
         self.detoks = [Sender(ctx, addr, counters) for addr in addresses.detok]
