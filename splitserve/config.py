@@ -284,6 +284,9 @@ def check_connection_limits(router: RouterConfig) -> None:
             raise ValueError(f"[router] {name} must be a count of at least 1")
     if router.max_connections_per_peer > router.max_connections:
         raise ValueError("[router] max_connections_per_peer cannot exceed max_connections")
+    if router.max_connections <= router.max_running + router.max_queued:
+        # each running or queued request holds its connection: room must be left for new ones
+        raise ValueError("[router] max_connections must exceed max_running + max_queued")
 
 
 def check_addresses(addresses: Addresses) -> None:

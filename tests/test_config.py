@@ -123,6 +123,7 @@ def test_a_receiver_binds_exactly_its_address():
         ({"max_connections": 0}, "max_connections must be a count of at least 1"),
         ({"max_connections_per_peer": True}, "max_connections_per_peer must be a count"),
         ({"max_connections": 10, "max_connections_per_peer": 11}, "cannot exceed max_connections"),
+        ({"max_connections": 300, "max_connections_per_peer": 10}, "must exceed max_running"),
     ],
 )
 def test_connection_limits_are_checked(router, message):

@@ -1,0 +1,155 @@
+"""ConnectionGuard's bookkeeping on its own (router/http/connections.py), with stand-ins for the
+protocol objects and a clock the test moves: which connection makes room, when one is refused,
+when one times out. The real server under floods is tests/test_http_slowloris.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.http import connections
+from router.http.connections import UPLOADING, WAITING, ConnectionGuard
+from splitserve.config import RouterConfig
+
+
+class Conn:
+    """What the guard uses of a GuardedProtocol."""
+
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.counted = False
+        self.closed = False
+
+    def close_quietly(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(connections.time, "monotonic", lambda: now[0])
+    return now
+
+
+def guarded(test):
+    """Run test(guard) on an event loop (the guard schedules its sweeps on one)."""
+    cfg = RouterConfig(header_timeout_s=10, body_timeout_s=30, max_connections=6,
+                       max_connections_per_peer=3, max_running=1, max_queued=0)  # fmt: skip
+
+    async def body():
+        guard = ConnectionGuard(cfg)
+        try:
+            test(guard)
+        finally:
+            guard.close()
+
+    asyncio.run(body())
+
+
+def test_a_peer_at_its_limit_loses_its_oldest_waiting_connection(clock):
+    def test(guard):
+        a = [Conn("a") for _ in range(3)]
+        for c in a:
+            clock[0] += 1
+            assert guard.admit(c) is None
+        guard.busy(a[0])  # serving a request: never closed to make room
+        newcomer = Conn("a")
+        assert guard.admit(newcomer) is None
+        assert [c.closed for c in a] == [False, True, False]
+        assert guard.by_peer == {"a": 3} and guard.open == 3
+
+    guarded(test)
+
+
+def test_a_peer_whose_connections_are_all_busy_is_refused(clock):
+    def test(guard):
+        a = [Conn("a") for _ in range(3)]
+        for c in a:
+            guard.admit(c)
+            guard.busy(c)
+        assert guard.admit(Conn("a")) == "peer"
+        assert guard.admit(Conn("b")) is None  # other addresses are not
+        assert not any(c.closed for c in a)
+
+    guarded(test)
+
+
+def test_at_the_total_limit_the_address_with_most_waiting_loses_one(clock):
+    def test(guard):
+        normal = Conn("normal")
+        clock[0] += 1
+        guard.admit(normal)  # the longest waiting of all, but its address's only one
+        flood = [Conn(f"f{i % 2}") for i in range(5)]
+        for c in flood:
+            clock[0] += 1
+            guard.admit(c)
+        assert guard.open == 6
+        assert guard.admit(Conn("new")) is None
+        assert not normal.closed
+        assert [c.closed for c in flood] == [True, False, False, False, False]  # f0's oldest
+
+    guarded(test)
+
+
+def test_at_the_total_limit_with_every_connection_busy_a_new_one_is_refused(clock):
+    def test(guard):
+        for i in range(6):
+            c = Conn(f"p{i}")
+            guard.admit(c)
+            guard.busy(c)
+        assert guard.admit(Conn("late")) == "total"
+        assert guard.open == 6
+
+    guarded(test)
+
+
+def test_timeouts_by_state(clock):
+    def test(guard):
+        headers, body, served = Conn("a"), Conn("b"), Conn("c")
+        for c in (headers, body, served):
+            guard.admit(c)
+        guard.mark(body, UPLOADING)
+        guard.busy(served)
+        clock[0] += 11  # past the header timeout, not the body's
+        guard.sweep()
+        assert (headers.closed, body.closed, served.closed) == (True, False, False)
+        clock[0] += 15
+        guard.mark(body, UPLOADING)  # progress: its clock starts again
+        clock[0] += 29
+        guard.sweep()
+        assert not body.closed
+        clock[0] += 2
+        guard.sweep()
+        assert body.closed and not served.closed
+        assert guard.open == 1
+
+    guarded(test)
+
+
+def test_a_freed_keep_alive_connection_waits_from_its_response(clock):
+    def test(guard):
+        c = Conn("a")
+        guard.admit(c)
+        guard.busy(c)
+        clock[0] += 100  # a long response
+        guard.mark(c, WAITING)
+        clock[0] += 9
+        guard.sweep()
+        assert not c.closed
+        clock[0] += 2
+        guard.sweep()
+        assert c.closed
+
+    guarded(test)
+
+
+def test_forget_is_once(clock):
+    def test(guard):
+        c = Conn("a")
+        guard.admit(c)
+        guard.forget(c)
+        guard.forget(c)  # the guard closed it, then its connection_lost came
+        assert guard.open == 0 and guard.by_peer == {} and not guard.idle
+
+    guarded(test)
