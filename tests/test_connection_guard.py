@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from router.http import connections
-from router.http.connections import UPLOADING, WAITING, ConnectionGuard
+from router.http.connections import HEADERS, QUIET, UPLOADING, ConnectionGuard
 from splitserve.config import RouterConfig
 
 
@@ -47,30 +47,21 @@ def guarded(test):
     asyncio.run(body())
 
 
-def test_a_peer_at_its_limit_loses_its_oldest_waiting_connection(clock):
+def test_a_peer_at_its_limit_is_refused_and_keeps_what_it_has(clock):
+    """Refused, not made room for: a peer reconnecting in a loop would otherwise close its own
+    connections as fast as it opened new ones (a churn that slowed everyone)."""
+
     def test(guard):
         a = [Conn("a") for _ in range(3)]
         for c in a:
-            clock[0] += 1
+            clock[0] += 100
             assert guard.admit(c) is None
-        guard.busy(a[0])  # serving a request: never closed to make room
-        newcomer = Conn("a")
-        assert guard.admit(newcomer) is None
-        assert [c.closed for c in a] == [False, True, False]
-        assert guard.by_peer == {"a": 3} and guard.open == 3
-
-    guarded(test)
-
-
-def test_a_peer_whose_connections_are_all_busy_is_refused(clock):
-    def test(guard):
-        a = [Conn("a") for _ in range(3)]
-        for c in a:
-            guard.admit(c)
-            guard.busy(c)
+            guard.mark(c, HEADERS)
+        guard.busy(a[0])
         assert guard.admit(Conn("a")) == "peer"
-        assert guard.admit(Conn("b")) is None  # other addresses are not
         assert not any(c.closed for c in a)
+        assert guard.admit(Conn("b")) is None  # other addresses are not
+        assert guard.by_peer == {"a": 3, "b": 1}
 
     guarded(test)
 
@@ -133,7 +124,7 @@ def test_a_freed_keep_alive_connection_waits_from_its_response(clock):
         guard.admit(c)
         guard.busy(c)
         clock[0] += 100  # a long response
-        guard.mark(c, WAITING)
+        guard.mark(c, QUIET)
         clock[0] += 9
         guard.sweep()
         assert not c.closed
@@ -150,6 +141,36 @@ def test_forget_is_once(clock):
         guard.admit(c)
         guard.forget(c)
         guard.forget(c)  # the guard closed it, then its connection_lost came
-        assert guard.open == 0 and guard.by_peer == {} and not guard.idle
+        assert guard.open == 0 and guard.by_peer == {} and not guard.waiting
+        assert guard.peer_queues == {} and guard.queues == {True: {}, False: {}}
+
+    guarded(test)
+
+
+def test_connections_part_way_through_a_request_make_room_before_quiet_ones(clock):
+    def test(guard):
+        quiet = [Conn(f"q{i}") for i in range(3)]
+        for c in quiet:
+            guard.admit(c)  # the oldest, about to send their requests
+        clock[0] += 1
+        trickling = [Conn(f"t{i}") for i in range(3)]
+        for c in trickling:
+            guard.admit(c)
+            guard.mark(c, HEADERS)
+        assert guard.admit(Conn("new")) is None
+        assert [c.closed for c in quiet + trickling] == [False] * 3 + [True, False, False]
+
+    guarded(test)
+
+
+def test_headers_are_timed_from_when_the_connection_became_free(clock):
+    def test(guard):
+        c = Conn("a")
+        guard.admit(c)
+        clock[0] += 9
+        guard.mark(c, HEADERS)  # the first byte, 9 s in: 1 s left
+        clock[0] += 2
+        guard.sweep()
+        assert c.closed
 
     guarded(test)

@@ -6,19 +6,22 @@ every other client get 503 for as long as they stayed. Here each connection is i
 states, tracked by ConnectionGuard through GuardedProtocol (uvicorn's httptools protocol with
 hooks):
 
-- waiting: open, with no request being received or served (just connected, or between the
-  requests of a keep-alive connection), or receiving a request's headers;
+- waiting: quiet (open, no byte of a request yet: just connected, or between the requests of a
+  keep-alive connection), or receiving a request's headers;
 - uploading: headers complete, its body still arriving;
 - busy: a whole request received, its response not complete yet.
 
 A waiting connection whose request headers are not complete within header_timeout_s of it
 becoming free is closed; so is one whose body makes no progress for body_timeout_s (its request
-then ends as the client's disconnect, a 499 in the log). A new connection beyond
-max_connections_per_peer (from one client address) closes that address's connection that has
-waited longest without a whole request; beyond max_connections (in all), one of the few that have
-waited longest: the one whose address holds the most waiting connections, so that a flood from
-many addresses loses its own. Only when no connection is waiting is the new one refused (429 at
-the address's limit, 503 at the total). Busy connections are bounded by admission (each holds a
+then ends as the client's disconnect, a 499 in the log).
+
+A new connection beyond max_connections_per_peer (from one client address) is refused (429): a
+client sharing an address with a flood shares its limit. A new connection beyond max_connections
+(in all) closes one of the few connections that have waited longest without a whole request: the
+one whose address holds the most waiting connections, so that a flood from many addresses loses
+its own; connections part-way through a request (what a slowloris holds) go before quiet ones
+(what a normal client holds, for the moment before it sends). Only when no connection is waiting
+is the newcomer refused (503). Busy connections are bounded by admission (each holds a
 running or queued request, or is answered at once), so idle and trickling connections can never
 lock complete requests out.
 """
@@ -46,7 +49,13 @@ SWEEP_INTERVAL_S = 0.5  # how often timed-out connections are looked for
 FD_MARGIN = 256  # descriptors besides client connections: ZeroMQ sockets, logs, the listener
 EVICTION_CANDIDATES = 8  # the longest-waiting connections a victim is chosen from (_evict_any)
 
-WAITING, UPLOADING = "waiting", "uploading"
+# A connection's states while it has no whole request (a busy one is in none):
+QUIET = "quiet"  # no byte of a request yet: just connected, or kept alive between requests
+HEADERS = "headers"  # a request begun, its headers not complete
+UPLOADING = "uploading"  # headers complete, the body arriving
+# Which connections make room first: those part-way through a request (what a slowloris holds)
+# before quiet ones (a client about to send, or between two requests).
+PARTIAL = (HEADERS, UPLOADING)
 
 
 class ConnectionGuard:
@@ -55,13 +64,16 @@ class ConnectionGuard:
     def __init__(self, config: RouterConfig, max_connections: int | None = None):
         self.max_connections = max_connections or config.max_connections
         self.max_per_peer = min(config.max_connections_per_peer, self.max_connections)
-        self.timeouts = {WAITING: config.header_timeout_s, UPLOADING: config.body_timeout_s}
+        self.timeouts = {QUIET: config.header_timeout_s, HEADERS: config.header_timeout_s,
+                         UPLOADING: config.body_timeout_s}  # fmt: skip
         self.open = 0
         self.by_peer: dict[str, int] = {}
-        # connections without a whole request, the one waiting longest first: proto -> (since,
-        # state). A dict keeps insertion order; a change of state or progress re-inserts at the end.
-        self.idle: dict[GuardedProtocol, tuple[float, str]] = {}
-        self.idle_by_peer: dict[str, dict[GuardedProtocol, None]] = {}
+        # connections without a whole request: proto -> (since when its timeout runs, state)
+        self.waiting: dict[GuardedProtocol, tuple[float, str]] = {}
+        # the same, in the order they entered their class (partial, quiet): all, and per peer.
+        # A dict keeps insertion order; a change of state or progress re-inserts at the end.
+        self.queues: dict[bool, dict[GuardedProtocol, None]] = {True: {}, False: {}}
+        self.peer_queues: dict[str, dict[bool, dict[GuardedProtocol, None]]] = {}
         self.counts = {"timed_out": 0, "evicted": 0, "refused": 0}
         self._sweeping: asyncio.TimerHandle | None = None
 
@@ -71,7 +83,9 @@ class ConnectionGuard:
         if self._sweeping is None:
             self._schedule_sweep()
         peer = proto.peer
-        if self.by_peer.get(peer, 0) >= self.max_per_peer and not self._evict_from(peer):
+        if self.by_peer.get(peer, 0) >= self.max_per_peer:
+            # refused, not made room for: a peer reconnecting in a loop would otherwise close its
+            # connections as fast as it opens them, a churn that starves everyone's requests
             self.counts["refused"] += 1
             return "peer"
         if self.open >= self.max_connections and not self._evict_any():
@@ -80,26 +94,31 @@ class ConnectionGuard:
         self.open += 1
         self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
         proto.counted = True
-        self.mark(proto, WAITING)
+        self.mark(proto, QUIET)
         return None
 
     def mark(self, proto: GuardedProtocol, state: str) -> None:
-        """proto is waiting or uploading from now on (for uploading: made progress now)."""
+        """proto is in `state` from now on; for UPLOADING also: its body made progress now. A
+        request's headers are timed from when the connection became free, not from their start."""
         if not proto.counted:
             return
-        self.idle.pop(proto, None)
-        self.idle[proto] = (time.monotonic(), state)
-        peer_idle = self.idle_by_peer.setdefault(proto.peer, {})
-        peer_idle.pop(proto, None)
-        peer_idle[proto] = None
+        now = time.monotonic()
+        previous = self.waiting.get(proto)
+        since = previous[0] if state == HEADERS and previous is not None else now
+        self._leave_queues(proto, previous)
+        self.waiting[proto] = (since, state)
+        partial = state in PARTIAL
+        self.queues[partial][proto] = None
+        peer_queues = self.peer_queues.get(proto.peer)
+        if peer_queues is None:
+            peer_queues = self.peer_queues[proto.peer] = {True: {}, False: {}}
+        peer_queues[partial][proto] = None
 
     def busy(self, proto: GuardedProtocol) -> None:
         """proto has a whole request: it is served, never closed to make room."""
-        if self.idle.pop(proto, None) is not None:
-            peer_idle = self.idle_by_peer[proto.peer]
-            del peer_idle[proto]
-            if not peer_idle:
-                del self.idle_by_peer[proto.peer]
+        previous = self.waiting.pop(proto, None)
+        if previous is not None:
+            self._leave_queues(proto, previous)
 
     def forget(self, proto: GuardedProtocol) -> None:
         """proto's connection is gone (or being closed by the guard)."""
@@ -114,25 +133,32 @@ class ConnectionGuard:
         else:
             del self.by_peer[proto.peer]
 
+    def _leave_queues(self, proto: GuardedProtocol, entry: tuple[float, str] | None) -> None:
+        if entry is None:
+            return
+        partial = entry[1] in PARTIAL
+        del self.queues[partial][proto]
+        peer_queues = self.peer_queues[proto.peer]
+        del peer_queues[partial][proto]
+        if not peer_queues[True] and not peer_queues[False]:
+            del self.peer_queues[proto.peer]
+
     # ---- making room, and timeouts ----
-    def _evict_from(self, peer: str) -> bool:
-        """Close peer's connection that has waited longest without a request; False if none."""
-        candidates = self.idle_by_peer.get(peer)
-        if not candidates:
+    def _evict_any(self) -> bool:
+        """Close a connection that waits without a whole request (part-way through one first);
+        False if there is none. Among the few that have waited longest, the one whose address
+        holds the most waiting connections: a flood from many addresses then loses its own, not
+        the one connection of a client that happens to be oldest just then."""
+        queue = self.queues[True] or self.queues[False]
+        if not queue:
             return False
-        self._evict(next(iter(candidates)))
+        oldest = list(itertools.islice(queue, EVICTION_CANDIDATES))
+        self._evict(max(oldest, key=self._waiting_at_address))  # the first of ties
         return True
 
-    def _evict_any(self) -> bool:
-        """Close a connection that waits without a request; False if none. Among the few that
-        have waited longest, the one whose address holds the most waiting connections: a flood
-        from many addresses then loses its own, not the one idle connection of a client between
-        two requests that happens to be oldest just then."""
-        if not self.idle:
-            return False
-        oldest = list(itertools.islice(self.idle, EVICTION_CANDIDATES))
-        self._evict(max(oldest, key=lambda p: len(self.idle_by_peer[p.peer])))  # first of ties
-        return True
+    def _waiting_at_address(self, proto: GuardedProtocol) -> int:
+        queues = self.peer_queues[proto.peer]
+        return len(queues[True]) + len(queues[False])
 
     def _evict(self, victim: GuardedProtocol) -> None:
         self.counts["evicted"] += 1
@@ -147,16 +173,11 @@ class ConnectionGuard:
         self._sweeping = loop.call_later(SWEEP_INTERVAL_S, self.sweep)
 
     def sweep(self) -> None:
-        """Close the connections past their state's timeout, then look again in a while."""
+        """Close the connections past their state's timeout, then look again in a while (a scan
+        of at most max_connections entries twice a second)."""
         now = time.monotonic()
-        shortest = min(self.timeouts.values())
-        expired = []
-        for proto, (since, state) in self.idle.items():
-            waited = now - since
-            if waited <= shortest:
-                break  # the rest came later
-            if waited > self.timeouts[state]:
-                expired.append(proto)
+        timeouts = self.timeouts
+        expired = [p for p, (since, state) in self.waiting.items() if now - since > timeouts[state]]
         for proto in expired:
             self._close(proto)
         self.counts["timed_out"] += len(expired)
@@ -171,7 +192,7 @@ class ConnectionGuard:
         level = logging.WARNING if counts["refused"] else logging.INFO
         log.log(level, "client connections: %d timed out (headers %.0f s, body %.0f s), %d closed"
                 " to make room, %d refused; %d open", counts["timed_out"],
-                self.timeouts[WAITING], self.timeouts[UPLOADING], counts["evicted"],
+                self.timeouts[HEADERS], self.timeouts[UPLOADING], counts["evicted"],
                 counts["refused"], self.open)  # fmt: skip
         self.counts = dict.fromkeys(counts, 0)
 
@@ -215,6 +236,8 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_bytes = 0
+        if self.cycle is None or self.cycle.response_complete:  # not one pipelined behind
+            self.guard.mark(self, HEADERS)
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
@@ -239,7 +262,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self.guard.busy(self)  # a pipelined request started
         else:
-            self.guard.mark(self, WAITING)  # free for its next request
+            self.guard.mark(self, QUIET)  # free for its next request
 
     # closing
     def close_quietly(self) -> None:
