@@ -1,8 +1,9 @@
 """The router process: `python -m router --config FILE [--log-level LEVEL]`.
 
 A request's path through this process (one asyncio event loop serves HTTP and the ZeroMQ sockets):
- 1. uvicorn accepts the connection; the middleware reads or makes the X-Request-Id, checks the API
-    key and bounds the body size (router/http/app.py).
+ 1. uvicorn accepts the connection, within the limits of router/http/connections.py (header and
+    body timeouts, connections per peer and in all); the middleware reads or makes the
+    X-Request-Id, checks the API key and bounds the body size (router/http/app.py).
  2. The endpoint validates the body (pydantic, router/http/schemas.py), renders the chat template
     for chat requests, and tokenizes the prompt.
  3. One core request per choice is submitted under the request id (`<id>-<i>` when there are
@@ -35,6 +36,7 @@ import zmq
 
 from router.core import RouterCore
 from router.http import build_app
+from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
 from splitserve.config import ClusterConfig, load_config
 from splitserve.procutil import die_with_parent, freeze_startup_objects, pin_cpus
 from splitserve.role_main import configure_logging
@@ -91,6 +93,7 @@ async def serve(
         await core.start()
         app = build_app(core, tokenizer, config)
         r = config.router
+        guard = ConnectionGuard(r, connection_capacity(r.max_connections))
         server = DrainingServer(
             uvicorn.Config(
                 app,
@@ -99,15 +102,22 @@ async def serve(
                 log_config=None,  # keep this process's logging format
                 access_log=False,  # the core logs each request by id
                 lifespan="off",
-                http="httptools",  # C parser: a fraction of h11's cost per request
+                # httptools (C parser: a fraction of h11's cost per request), with the guard of
+                # the client connections (timeouts, per-peer and total limits)
+                http=guarded_protocol(guard),
                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-                limit_concurrency=4 * (r.max_running + r.max_queued) + 64,
+                # not uvicorn's own: it counts idle and trickling connections too, and answers
+                # everyone 503 once they fill it; the guard bounds connections, admission requests
+                limit_concurrency=None,
             ),
             core,
             config.lifecycle.drain_timeout_s,
         )
         freeze_startup_objects()
-        await server.serve()
+        try:
+            await server.serve()
+        finally:
+            guard.close()
         if not server.started:
             raise RuntimeError(f"could not serve HTTP on {r.host}:{r.port}")
     finally:

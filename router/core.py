@@ -1,8 +1,9 @@
 """The router core: a request's life from admission to its one end, composed of small parts.
 
 A request's path through the router core:
- 1. submit() checks the prompt and parameters against the one table of bounds (router/params.py)
-    and clamps max_tokens to the context; the request id is reserved (router/request_table.py).
+ 1. submit() checks the prompt and parameters against the one table of bounds (router/params.py),
+    clamps max_tokens to the context, and builds and encodes the request's message (refused if it
+    could not travel); only then is the request id reserved (router/request_table.py).
  2. Admission (router/admission.py) lets it into the pipeline at once, queues it, or refuses it
     (Overloaded / NotReady).
  3. Placement (router/placement.py) stamps its prefill, decode and detok workers and its
@@ -22,6 +23,7 @@ tests drive it directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -39,10 +41,12 @@ from router.migration import Migrator
 from router.params import MAX_SEED, validate
 from router.placement import NoLiveWorker, Placement
 from router.request_table import RequestTable
-from router.requests import NotReady, RequestHandle, RequestParams
+from router.requests import InvalidRequest, NotReady, RequestHandle, RequestParams
 from router.workers import WorkerState, WorkerTable
+from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.engine.interface import SamplingParams
+from splitserve.message_limits import max_message_bytes
 from splitserve.protocol import (
     DecodeLoad,
     DetokParams,
@@ -89,7 +93,7 @@ class RouterCore:
         )  # fmt: skip
         self.liveness = LivenessMonitor(
             self.workers, self.requests, config.router.stall_timeout_s, self.end,
-            self.migrator.worker_lost, self._workers_changed,
+            self.migrator.worker_lost, self._workers_changed, config.lifecycle.heartbeat_interval_s,
         )  # fmt: skip
         self.accepting = True
         self.links: WorkerLinks | None = None  # bound by start()
@@ -99,7 +103,10 @@ class RouterCore:
 
     # ---- start and stop ----
     async def start(self) -> None:
-        self.links = WorkerLinks(self.ctx, self.config.addresses, self.counters)
+        self.links = WorkerLinks(
+            self.ctx, self.config.addresses, self.counters,
+            max_message_bytes("router", self.config),
+        )  # fmt: skip
         self._ready_event = asyncio.Event()
         self._detok_pool = self.workers.detok_endpoints()
         dispatch = MessageDispatch(
@@ -131,6 +138,7 @@ class RouterCore:
 
     async def close(self) -> None:
         if self.links is not None:
+            self.links.flush_aborts()  # now: a flush still scheduled would meet closed sockets
             self.links.close()
         for t in self._tasks:
             t.cancel()
@@ -149,10 +157,15 @@ class RouterCore:
         claimed: bool = False,
     ) -> RequestHandle:
         """Admit one request; raises InvalidRequest, Overloaded or NotReady. `claimed`: the id
-        was claimed from the request table by the caller (the HTTP layer's choices)."""
+        was claimed from the request table by the caller (the HTTP layer's choices).
+
+        Nothing is held for the request until it is known to be valid and sendable: its message
+        is built, encoded and read back by the workers' own decoder first. Then the id is
+        reserved and a place in the pipeline taken; every failure from there on gives both back."""
         submitted = time.monotonic()
         params = validate(prompt, params, self.vocab_size, self.config.model.max_seq_len)
         rid = request_id or f"req-{uuid.uuid4().hex}"
+        unstamped = self._request_message(rid, prompt, params)
         self.requests.reserve(rid, claimed)
         try:
             await self._wait_for_pipeline()
@@ -160,11 +173,22 @@ class RouterCore:
         except BaseException:
             self.requests.unreserve(rid)
             raise
-        if not self.is_ready():
+        handle = None
+        try:
+            if not self.is_ready():
+                raise NotReady("the pipeline went down while the request was queued")
+            handle, frames = self._stamp(unstamped, params, submitted)
+            self.requests.add(handle)
+        except BaseException as exc:
+            if handle is not None:
+                self.placement.release(handle)
             self.requests.unreserve(rid)
             self.admission.release()
-            raise NotReady("the pipeline went down while the request was queued")
-        return self._start(rid, prompt, params, submitted)
+            if isinstance(exc, NoLiveWorker):  # a worker died since is_ready() said yes
+                raise NotReady(str(exc)) from None
+            raise
+        self._send(handle, frames)
+        return handle
 
     async def _wait_for_pipeline(self) -> None:
         """Return once a request can be placed. While a worker is being replaced (the pipeline
@@ -185,30 +209,18 @@ class RouterCore:
                 raise NotReady("a worker is being replaced: try again later")
             await asyncio.sleep(DRAIN_POLL_S)
 
-    def _start(
-        self, rid: str, prompt: list[int], params: RequestParams, submitted: float
-    ) -> RequestHandle:
-        """The admitted request enters the pipeline: placed, registered, sent to prefill."""
-        now = time.monotonic()
-        handle = RequestHandle(
-            rid, len(prompt), params, submitted, now,
-            deadline=now + self.config.router.request_timeout_s, last_progress=now,
-        )  # fmt: skip
-        try:
-            self.placement.place(handle, epoch=0)
-        except NoLiveWorker as exc:  # is_ready() held a moment ago: a worker died in between
-            self.requests.unreserve(rid)
-            self.admission.release()
-            raise NotReady(str(exc)) from None
-        stamp = handle.stamp
-        self.requests.add(handle)
-        self.metrics.admitted(handle)
+    def _request_message(
+        self, rid: str, prompt: list[int], params: RequestParams
+    ) -> GenerateRequest:
+        """The GenerateRequest, not yet placed (its workers stamped at admission); InvalidRequest
+        if it cannot travel. The decode is the prefill worker's own check: a message it would
+        drop as malformed must be refused here, not left waiting for a first token."""
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
-        handle.message = GenerateRequest(
+        msg = GenerateRequest(
             rid,
-            stamp.epoch,
-            stamp.decode,
-            stamp.detok,
+            0,  # epoch, decode and detok workers: stamped at admission (_stamp)
+            0,
+            0,
             list(prompt),
             0,
             SamplingParams(params.temperature, params.top_p, params.top_k, seed),
@@ -222,11 +234,46 @@ class RouterCore:
             ),
             params.logprobs,
         )  # fmt: skip
-        if not self.links.send("prefill", stamp.prefill, handle.message):
-            self.end(handle, FinishReason.ERROR, "the prefill worker is not accepting requests")
-        log.info("%s admitted: %d prompt tokens, prefill %d, decode %d, detok %d", rid,
-                 len(prompt), stamp.prefill, stamp.decode, stamp.detok)  # fmt: skip
-        return handle
+        try:
+            protocol.decode(protocol.encode(msg))
+        except (protocol.ProtocolError, TypeError, ValueError, OverflowError) as exc:
+            # UnicodeEncodeError is a ValueError; msgpack raises OverflowError for huge ints
+            raise InvalidRequest(f"the request cannot be sent to the workers: {exc}") from None
+        return msg
+
+    def _stamp(
+        self, unstamped: GenerateRequest, params: RequestParams, submitted: float
+    ) -> tuple[RequestHandle, list]:
+        """The admitted request's handle, placed (router/placement.py), and its message's frames,
+        stamped with the workers chosen now."""
+        now = time.monotonic()
+        handle = RequestHandle(
+            unstamped.request_id, len(unstamped.prompt), params, submitted, now,
+            deadline=now + self.config.router.request_timeout_s, last_progress=now,
+        )  # fmt: skip
+        self.placement.place(handle, epoch=0)
+        stamp = handle.stamp
+        handle.message = dataclasses.replace(
+            unstamped, decode_index=stamp.decode, detok_index=stamp.detok
+        )
+        return handle, protocol.encode(handle.message)
+
+    def _send(self, handle: RequestHandle, frames: list) -> None:
+        """The registered request goes to its prefill worker. A failure ends it, which gives its
+        id and place back (and tells the workers to forget it); one that raised is raised on."""
+        try:
+            self.metrics.admitted(handle)
+            stamp = handle.stamp
+            if not self.links.senders[("prefill", stamp.prefill)].send_frames(frames):
+                self.end(handle, FinishReason.ERROR, "the prefill worker is not accepting requests")
+                return
+            log.info(
+                "%s admitted: %d prompt tokens, prefill %d, decode %d, detok %d",
+                handle.request_id, handle.prompt_tokens, stamp.prefill, stamp.decode, stamp.detok,
+            )  # fmt: skip
+        except BaseException:
+            self.end(handle, FinishReason.ERROR, "the router failed to start the request")
+            raise
 
     def abort(self, handle: RequestHandle) -> None:
         """The client went away or cancelled: end the request and free its resources."""

@@ -25,10 +25,13 @@ READ_BATCH = 256  # worker messages handled per pass of the event loop
 
 
 class WorkerLinks:
-    def __init__(self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters):
+    def __init__(
+        self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters,
+        max_message_bytes: int = -1,
+    ):  # fmt: skip
         self.ctx = ctx
         self.counters = counters
-        self.receiver = Receiver(ctx, addresses.router, counters)
+        self.receiver = Receiver(ctx, addresses.router, counters, max_message_bytes)
         self.senders: dict[tuple[str, int], Sender] = {}
         for role in WORKER_ROLES:
             for index, endpoint in enumerate(addresses.of(role)):

@@ -3,7 +3,9 @@
 BOUNDS says, per numeric field of RequestParams, which values a request may ask for; the HTTP
 schemas build their pydantic fields from it (so a bad value is a 400 naming the field before
 anything else runs) and validate() checks every request the core is given against the same table
-and against the model (its vocabulary and context).
+and against the model (its vocabulary and context). Values the float32 sampler cannot honour are
+refused, or resolved to the value it runs exactly (see the floors of temperature and top_p, and
+top_k beyond the vocabulary).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from router.requests import InvalidRequest, RequestParams
+from splitserve.protocol import FLOAT32_TINY
 
 MAX_SEED = 2**63 - 1
 MAX_TOKENS = 1 << 20  # max_tokens beyond any context; validate() clamps it to the context
@@ -22,31 +25,60 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
 
 
+# The sampler computes in float32 on hardware that flushes subnormal numbers to zero;
+# FLOAT32_TINY, float32's smallest normal number, is also the least top_p the wire accepts.
+# logits / temperature must not overflow float32 (3.4e38): with this floor it cannot for logits
+# up to 3e26 in size, far beyond any model's. Measured before the floor: temperature 1e-37 on
+# logits of about 90 sampled token 0, whatever the logits said.
+MIN_TEMPERATURE = 1e-12
+
+
 @dataclass(frozen=True)
 class Bound:
-    """A closed range [lo, hi], or (lo, hi] when lo_open."""
+    """A closed range [lo, hi], or (lo, hi] when lo_open; optionally with a floor: values above
+    lo but below the floor are out of float32's resolution, and are either refused (refuse_below)
+    or raised to the floor (when that changes nothing, see top_p)."""
 
     lo: float
     hi: float
     lo_open: bool = False
+    floor: float | None = None
+    refuse_below: bool = True
 
     def __contains__(self, value: Any) -> bool:
         above = value > self.lo if self.lo_open else value >= self.lo
+        if self.floor is not None and self.refuse_below and self.lo < value < self.floor:
+            return False
         return above and value <= self.hi
 
+    def resolve(self, value: Any) -> Any:
+        """The value the pipeline runs with (value is in the bound)."""
+        if self.floor is not None and not self.refuse_below and value < self.floor:
+            return self.floor
+        return value
+
     def describe(self) -> str:
-        return f"{'(' if self.lo_open else '['}{self.lo}, {self.hi}]"
+        if self.floor is not None and self.refuse_below:
+            return f"{self.lo} or in [{self.floor}, {self.hi}]"
+        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}]"
 
     def pydantic(self) -> dict[str, float]:
-        """The bound as pydantic Field keywords."""
+        """The bound as pydantic Field keywords (the floor is validate()'s to check)."""
         return {"gt" if self.lo_open else "ge": self.lo, "le": self.hi}
 
 
 BOUNDS: dict[str, Bound] = {
     "max_tokens": Bound(1, MAX_TOKENS),
     "min_tokens": Bound(0, MAX_TOKENS),
-    "temperature": Bound(0.0, 2.0),  # OpenAI's range
-    "top_p": Bound(0.0, 1.0, lo_open=True),
+    # OpenAI's range; 0 is greedy, and a temperature between 0 and the floor is refused (it
+    # would overflow, see MIN_TEMPERATURE) rather than guessed at: the client may mean greedy.
+    "temperature": Bound(0.0, 2.0, floor=MIN_TEMPERATURE),
+    # A top_p below FLOAT32_TINY would reach the sampler as 0 (a subnormal is flushed) and keep
+    # no token at all: measured, 1e-38 sampled tokens of logprob -8 to -13 instead of the greedy
+    # one. Raising it to the floor is exact, not a guess: top_p keeps the smallest set of most
+    # likely tokens whose mass reaches top_p, and the most likely token alone has mass at least
+    # 1 / vocabulary size, far above the floor, so every top_p up to that keeps the same set.
+    "top_p": Bound(0.0, 1.0, lo_open=True, floor=FLOAT32_TINY, refuse_below=False),
     "top_k": Bound(0, MAX_TOP_K),  # 0: off (the HTTP API also takes vLLM's -1 for off)
     "seed": Bound(0, MAX_SEED),
 }
@@ -68,16 +100,21 @@ def validate(
             " tokens, which leaves no room for output",
             "prompt",
         )
+    resolved = {}
     for name, bound in BOUNDS.items():
         value = getattr(p, name)
         if value is not None and value not in bound:
-            raise InvalidRequest(f"{name} must be in {bound.describe()}", name)
+            raise InvalidRequest(f"{name} must be {bound.describe()}", name)
+        if value is not None and bound.resolve(value) != value:
+            resolved[name] = bound.resolve(value)
     if p.min_tokens > p.max_tokens:
         raise InvalidRequest("min_tokens must be between 0 and max_tokens", "min_tokens")
     if len(p.stop) > MAX_STOP or any(not 1 <= len(s) <= MAX_STOP_CHARS for s in p.stop):
         raise InvalidRequest(
             f"at most {MAX_STOP} stop strings, each of 1-{MAX_STOP_CHARS} characters", "stop"
         )
+    if not all(_is_text(s) for s in p.stop):
+        raise InvalidRequest("stop strings must be valid Unicode (no lone surrogates)", "stop")
     if len(p.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(
         not 0 <= t < vocab_size for t in p.stop_token_ids
     ):
@@ -85,6 +122,17 @@ def validate(
             f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids, each in [0, {vocab_size})",
             "stop_token_ids",
         )
+    if p.top_k >= vocab_size:  # exact: the top vocabulary-size tokens are all of them
+        resolved["top_k"] = 0
     if p.max_tokens > room:
-        p = replace(p, max_tokens=room, min_tokens=min(p.min_tokens, room))
-    return p
+        resolved.update(max_tokens=room, min_tokens=min(p.min_tokens, room))
+    return replace(p, **resolved) if resolved else p
+
+
+def _is_text(s: str) -> bool:
+    """Encodable as UTF-8 (a str from JSON may hold a lone surrogate, which is not)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -72,6 +72,10 @@ class RequestTable:
         self.live.pop(handle.request_id, None)
         self.recent.add(handle.request_id)
 
+    def reserved(self) -> frozenset[str]:
+        """The ids held for requests not live yet (for checks that nothing leaked)."""
+        return frozenset(self._reserved)
+
     def get(self, request_id: str) -> RequestHandle | None:
         return self.live.get(request_id)
 

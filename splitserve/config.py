@@ -23,8 +23,11 @@ A cluster file (all sections optional):
     host = "127.0.0.1"
     port = 8000
     max_running = 64
+    header_timeout_s = 10.0     # client connections: see RouterConfig
+    max_connections = 4096
 
-    [addresses]                 # ZeroMQ endpoints each receiver binds and its senders connect to
+    [addresses]                 # ZeroMQ endpoints each receiver binds (exactly: see
+                                # splitserve/endpoints.py) and its senders connect to
     router = "tcp://10.0.0.1:5550"
     prefill = ["tcp://10.0.0.1:5551"]               # one per prefill worker (a string: one)
     decode = ["tcp://10.0.0.2:5552", "tcp://10.0.0.3:5552"]
@@ -42,6 +45,10 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
+
+from splitserve.endpoints import bind_address, parse_endpoint
+
+__all__ = ["bind_address"]  # the receivers' (splitserve/transport.py): kept importable from here
 
 ROLES = ("router", "prefill", "decode", "detok")
 WORKER_ROLES = ("prefill", "decode", "detok")
@@ -84,6 +91,15 @@ class RouterConfig:
     migration_timeout_s: float = 120.0
     api_key: str = ""
     model_name: str = ""  # name served in /v1/models; derived from the model path when empty
+    # Client connections (router/http/connections.py). A request's headers must be complete within
+    # header_timeout_s of the connection opening (or of its previous response), and its body may
+    # not stall for body_timeout_s. At most max_connections at once, max_connections_per_peer from
+    # one client address; at either limit the connection that has waited longest without a whole
+    # request is closed to make room, so idle or trickling connections cannot lock others out.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 4096
+    max_connections_per_peer: int = 256
 
 
 @dataclass(frozen=True)
@@ -181,7 +197,9 @@ def default_addresses(mode: str, run_dir: str, counts: dict[str, int]) -> Addres
 
 def _endpoints(addr: dict[str, Any], role: str) -> tuple[str, ...]:
     value = addr.get(role, ())
-    endpoints = (value,) if isinstance(value, str) else tuple(value)
+    if isinstance(value, str):
+        value = [value]
+    endpoints = tuple(value) if isinstance(value, list) else ()
     if not endpoints or not all(isinstance(e, str) and e for e in endpoints):
         raise ValueError(f"[addresses] {role} must be an endpoint or a non-empty list of them")
     return endpoints
@@ -223,16 +241,13 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     if not run_dir and not addr:  # ipc sockets (or inproc names) need a home of their own
         run_dir = tempfile.mkdtemp(prefix="splitserve-")
     if addr:
-        if not isinstance(addr.get("router"), str):
-            raise ValueError("[addresses] router must be an endpoint")
-        addresses = Addresses(
-            router=addr["router"], **{role: _endpoints(addr, role) for role in WORKER_ROLES}
-        )
+        addresses = _addresses_from(addr)
     else:
         for role, n in counts.items():
             if n < 1:
                 raise ValueError(f"at least one {role} worker is needed")
         addresses = default_addresses(mode, run_dir, counts)
+    check_addresses(addresses)
     if decode_slots and (
         len(decode_slots) != len(addresses.decode)
         or not all(type(n) is int and n >= 1 for n in decode_slots)
@@ -245,6 +260,7 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         raise ValueError('[router] admit_ahead_tokens must be "auto" or a count >= 0')
     if router.max_running < 1 or router.max_queued < 0:
         raise ValueError("[router] needs max_running >= 1 and max_queued >= 0")
+    check_connection_limits(router)
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     return ClusterConfig(
@@ -260,6 +276,22 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         cpus=cpus,
     )
 
+
+
+def _addresses_from(addr: Any) -> Addresses:
+    if not isinstance(addr, dict):
+        raise ValueError("[addresses] must be a table")
+    keys = {"router", "prefill", "decode", "detok"}
+    if set(addr) != keys:
+        missing, unknown = keys - set(addr), set(addr) - keys
+        raise ValueError(
+            "[addresses] needs router, prefill, decode and detok"
+            + (f"; missing {', '.join(sorted(missing))}" if missing else "")
+            + (f"; unknown {', '.join(sorted(unknown))}" if unknown else "")
+        )
+    if not isinstance(addr["router"], str):
+        raise ValueError("[addresses] router must be an endpoint")
+    return Addresses(addr["router"], **{role: _endpoints(addr, role) for role in WORKER_ROLES})
 
 
 def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:
@@ -303,9 +335,32 @@ def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
     }
 
 
-def bind_address(endpoint: str) -> str:
-    """Receivers bind on every interface for tcp (the config names the host senders reach)."""
-    if endpoint.startswith("tcp://"):
-        port = endpoint.rsplit(":", 1)[1]
-        return f"tcp://*:{port}"
-    return endpoint
+def check_connection_limits(router: RouterConfig) -> None:
+    for name in ("header_timeout_s", "body_timeout_s"):
+        value = getattr(router, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+            raise ValueError(f"[router] {name} must be a number of seconds above 0")
+    for name in ("max_connections", "max_connections_per_peer"):
+        value = getattr(router, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"[router] {name} must be a count of at least 1")
+    if router.max_connections_per_peer > router.max_connections:
+        raise ValueError("[router] max_connections_per_peer cannot exceed max_connections")
+    if router.max_connections <= router.max_running + router.max_queued:
+        # each running or queued request holds its connection: room must be left for new ones
+        raise ValueError("[router] max_connections must exceed max_running + max_queued")
+
+
+def check_addresses(addresses: Addresses) -> None:
+    """Every endpoint well-formed (splitserve/endpoints.py), and each receiver's its own."""
+    named = [("[addresses] router", addresses.router)]
+    for role in WORKER_ROLES:
+        named += [(f"[addresses] {role}[{k}]", e) for k, e in enumerate(addresses.of(role))]
+    for where, endpoint in named:
+        parse_endpoint(endpoint, where)
+    seen: dict[str, str] = {}
+    for where, endpoint in named:
+        if endpoint in seen:
+            raise ValueError(f"{where} and {seen[endpoint]} are both {endpoint!r}: each receiver"
+                             " needs an endpoint of its own")  # fmt: skip
+        seen[endpoint] = where

@@ -24,6 +24,18 @@ import msgpack
 import numpy as np
 
 from splitserve.engine.interface import SamplingParams
+from splitserve.wire_checks import (
+    INT32_MAX,
+    INT64_MAX,
+    Bool,
+    Choice,
+    Float,
+    Int,
+    Items,
+    Str,
+    WireError,
+    compile_check,
+)
 
 PROTOCOL_VERSION = 3
 
@@ -58,7 +70,8 @@ class Source(enum.IntEnum):
 
 
 class ProtocolError(ValueError):
-    """A frame that is not a well-formed message of this protocol version."""
+    """A frame that is not a well-formed message of this protocol version: not a known type, not
+    MessagePack, or a field of the wrong type or out of its range (FIELD_SPECS)."""
 
 
 # ---- parameters carried inside messages -------------------------------------------------------
@@ -378,33 +391,204 @@ _NESTED = (
 )  # fmt: skip
 
 
+# ---- what each field may hold --------------------------------------------------------------------
+# Beyond its type (checked for every field, list elements included; see splitserve/wire_checks.py),
+# where a handler relies on more. Ints are non-negative int64 unless said here; floats are finite.
+
+MAX_WIRE_STOPS = 64  # stop strings per request (the router allows 16)
+MAX_WIRE_STOP_CHARS = 4096  # characters per stop string (the router allows 1,024)
+MAX_KV_DIMS = 8
+WORKER_ROLES = frozenset({"prefill", "decode", "detok"})
+# top_p reaches the sampler as float32, on hardware that flushes subnormals to zero: below this
+# (float32's smallest normal number) it would keep no token at all. The router raises smaller
+# values to it (router/params.py), which is exact.
+FLOAT32_TINY = 2.0**-126
+
+RID = Str(1)
+RIDS = Items(RID)
+TOKEN = Int(0, INT32_MAX)  # engines index int32 arrays with token ids, positions and counts
+TOKENS = Items(TOKEN)
+LOGPROB = Float(neg_inf=True)  # -inf: of a token the model gave (almost) no mass
+SECONDS = Float(lo=0.0)
+ROLE = Str(choices=WORKER_ROLES)
+
+
+def _kv_entry(v: Any) -> list[Any]:
+    """One entry of PrefixHeader.kv_meta: [dtype name, shape]."""
+    if type(v) is not list or len(v) != 2:
+        raise WireError("PrefixHeader.kv_meta: each entry is [dtype, shape]")
+    return [_KV_DTYPE(v[0]), _KV_SHAPE(v[1])]
+
+
+_KV_DTYPE = compile_check(Str(1, 16), "PrefixHeader.kv_meta dtype")
+_KV_SHAPE = compile_check(Items(TOKEN, 0, MAX_KV_DIMS), "PrefixHeader.kv_meta shape")
+
+FIELD_SPECS: dict[type, dict[str, Any]] = {
+    SamplingParams: {
+        "temperature": Float(lo=0.0),
+        "top_p": Float(FLOAT32_TINY, 1.0),
+        "top_k": TOKEN,
+        "seed": Int(0, INT64_MAX),
+    },
+    StopCriteria: {
+        "max_tokens": Int(1, INT32_MAX),
+        "min_tokens": TOKEN,
+        "eos_ids": TOKENS,
+        "stop_token_ids": TOKENS,
+    },
+    DetokParams: {
+        "stop": Items(Str(1, MAX_WIRE_STOP_CHARS), 0, MAX_WIRE_STOPS),
+        "min_tokens": TOKEN,
+    },
+    GenerateRequest: {
+        "request_id": RID,
+        "epoch": TOKEN,
+        "decode_index": TOKEN,
+        "detok_index": TOKEN,
+        "prompt": Items(TOKEN, min_len=1),
+        "start_seq": TOKEN,
+    },
+    PrefixHeader: {
+        "request_id": RID,
+        "epoch": TOKEN,
+        "detok_index": TOKEN,
+        "length": Int(1, INT32_MAX),
+        "first_seq": TOKEN,
+        "first_token": TOKEN,
+        "first_logprob": LOGPROB,
+        "kv_meta": Items(_kv_entry, min_len=1),
+    },
+    OpenStream: {"request_id": RID, "epoch": TOKEN, "decode_index": TOKEN},
+    TokenBatch: {
+        "request_ids": RIDS,
+        "epochs": TOKENS,
+        "seqs": TOKENS,
+        "tokens": TOKENS,
+        "logprobs": Items(LOGPROB),
+        "finishes": Items(Choice(frozenset(TokenFinish))),
+    },
+    TextDelta: {
+        "request_id": RID,
+        "epoch": TOKEN,
+        "start_seq": TOKEN,
+        "token_ids": TOKENS,
+        "logprobs": Items(LOGPROB),
+        # what a detok worker decides; ABORT and ERROR are the router's own
+        "finish_reason": Choice(
+            frozenset({FinishReason.NONE, FinishReason.STOP, FinishReason.LENGTH}), FinishReason
+        ),
+    },
+    Abort: {"request_ids": RIDS, "epochs": TOKENS},
+    Finish: {"request_ids": RIDS, "epochs": TOKENS},
+    RequestFailed: {"request_ids": RIDS, "epochs": TOKENS, "role": ROLE},
+    ResumeStream: {
+        "request_id": RID,
+        "epoch": TOKEN,
+        "decode_index": TOKEN,
+        "token_ids": TOKENS,
+        "text_chars": TOKEN,
+    },
+    Repin: {
+        "request_ids": RIDS,
+        "epochs": TOKENS,
+        "detok_indices": TOKENS,
+        "from_seqs": TOKENS,
+    },
+    DetokPool: {"endpoints": Items(Str(0, 512))},
+    HistogramSnapshot: {
+        "buckets": Items(Float(lo=0.0)),
+        "sum": SECONDS,
+        "p50": SECONDS,
+        "p90": SECONDS,
+        "p99": SECONDS,
+    },
+    Ready: {"role": ROLE, "index": TOKEN, "pid": TOKEN},
+    Heartbeat: {"role": ROLE, "index": TOKEN, "pid": TOKEN, "loop_age_s": SECONDS},
+}
+
+
+def _token_batch_columns(m: TokenBatch) -> None:
+    _columns(m, "epochs", "seqs", "tokens", "logprobs", "finishes")
+
+
+def _columns(m: Any, *names: str) -> None:
+    """The message's parallel lists (request_ids and these) are of one length."""
+    n = len(m.request_ids)
+    if any(len(getattr(m, name)) != n for name in names):
+        raise WireError(f"{type(m).__name__}: its columns differ in length")
+
+
+def _delta_logprobs(m: TextDelta) -> None:
+    if m.logprobs and len(m.logprobs) != len(m.token_ids):
+        raise WireError("TextDelta: logprobs, when given, are one per token")
+
+
+def _histogram_shape(m: HistogramSnapshot) -> None:
+    if len(m.counts) != len(m.buckets) + 1:
+        raise WireError("HistogramSnapshot: one count per bucket, then +Inf")
+    if any(a >= b for a, b in zip(m.buckets, m.buckets[1:], strict=False)):
+        raise WireError("HistogramSnapshot: buckets must increase")
+
+
+def _heartbeat_load(m: Heartbeat) -> None:
+    loads = {"prefill": m.prefill, "decode": m.decode, "detok": m.detok}
+    if loads.pop(m.role) is None or any(load is not None for load in loads.values()):
+        raise WireError(f"Heartbeat: a {m.role} worker reports its own load, and only that")
+
+
+# checks across the fields of one message, after each field's own
+MESSAGE_CHECKS = {
+    TokenBatch: _token_batch_columns,
+    Abort: lambda m: _columns(m, "epochs"),
+    Finish: lambda m: _columns(m, "epochs"),
+    RequestFailed: lambda m: _columns(m, "epochs"),
+    Repin: lambda m: _columns(m, "epochs", "detok_indices", "from_seqs"),
+    TextDelta: _delta_logprobs,
+    HistogramSnapshot: _histogram_shape,
+    Heartbeat: _heartbeat_load,
+}
+
+
+# ---- the codec -----------------------------------------------------------------------------------
+
+
 class _Codec:
-    """One dataclass's wire plan, built once: which fields hold nested messages, and how each
-    arriving value is checked. Plain fields (numbers, strings, lists of them) go to MessagePack as
-    they are, which packs them in C: walking a 128-token prompt element by element in Python cost
-    more than the rest of the message together."""
+    """One dataclass's wire plan, built once: which fields hold nested messages, and the check of
+    each arriving value. Plain fields (numbers, strings, lists of them) go to MessagePack as they
+    are, which packs them in C: walking a 128-token prompt element by element in Python cost more
+    than the rest of the message together."""
 
     def __init__(self, cls: type):
         self.cls = cls
-        hints = typing.get_type_hints(cls)
-        fields = dataclasses.fields(cls)
-        self.names = [f.name for f in fields]
+        self.fields = dataclasses.fields(cls)
+        self.names = [f.name for f in self.fields]
         self.required = sum(
             1
-            for f in fields
+            for f in self.fields
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         )
-        self.checks = [_check_for(hints[f.name], cls.__name__, f.name) for f in fields]
+        self.checks: list[Any] = []  # compiled by link(), once every codec exists
+        self.post = MESSAGE_CHECKS.get(cls)
         # (field index, the nested message class, "one" | "many" (a list) | "optional")
         self.nested: list[tuple[int, type, str]] = []
-        for i, f in enumerate(fields):
-            hint = hints[f.name]
+        hints = typing.get_type_hints(cls)
+        self.hints = [hints[name] for name in self.names]
+        for i, hint in enumerate(self.hints):
             if hint in _NESTED:
                 self.nested.append((i, hint, "one"))
             elif typing.get_origin(hint) is list and typing.get_args(hint)[0] in _NESTED:
                 self.nested.append((i, typing.get_args(hint)[0], "many"))
             elif _optional_of(hint) in _NESTED:
                 self.nested.append((i, _optional_of(hint), "optional"))
+
+    def link(self) -> None:
+        specs = FIELD_SPECS.get(self.cls, {})
+        unknown = set(specs) - set(self.names)
+        assert not unknown, f"FIELD_SPECS names no field of {self.cls.__name__}: {unknown}"
+        self.checks = [
+            _check_for(hint, specs.get(name), f"{self.cls.__name__}.{name}")
+            for name, hint in zip(self.names, self.hints, strict=True)
+        ]
 
     def to_wire(self, obj: Any) -> list[Any]:
         values = [getattr(obj, name) for name in self.names]
@@ -418,11 +602,14 @@ class _Codec:
 
     def from_wire(self, values: Any) -> Any:
         cls = self.cls
-        if not isinstance(values, list):
-            raise ProtocolError(f"{cls.__name__}: expected an array, got {type(values).__name__}")
+        if type(values) is not list:
+            raise WireError(f"{cls.__name__}: expected an array, got {type(values).__name__}")
         if not self.required <= len(values) <= len(self.names):
-            raise ProtocolError(f"{cls.__name__}: {len(values)} fields, expected {len(self.names)}")
-        return cls(*[check(v) for check, v in zip(self.checks, values, strict=False)])
+            raise WireError(f"{cls.__name__}: {len(values)} fields, expected {len(self.names)}")
+        msg = cls(*[check(v) for check, v in zip(self.checks, values, strict=False)])
+        if self.post is not None:
+            self.post(msg)
+        return msg
 
 
 def _optional_of(hint: Any) -> Any:
@@ -434,58 +621,45 @@ def _optional_of(hint: Any) -> Any:
     return None
 
 
-def _check_for(hint: Any, owner: str, name: str):
-    """The function that checks (and, for nested messages, rebuilds) one field's wire value."""
-    if hint in _NESTED:
-        return lambda v: _CODECS[hint].from_wire(v)
+def _check_for(hint: Any, spec: Any, where: str):
+    """The check of one field's wire value: its spec (FIELD_SPECS) or its type's default."""
     inner = _optional_of(hint)
     if inner is not None:
-        check_inner = _check_for(inner, owner, name)
+        check_inner = _check_for(inner, spec, where)
         return lambda v: None if v is None else check_inner(v)
+    if hint in _NESTED:
+        assert spec is None, f"{where}: a nested message is checked by its own specs"
+        return _CODECS[hint].from_wire
+    if spec is None:
+        spec = _default_spec(hint, where)
+    elif typing.get_origin(hint) is list and isinstance(spec, Items) and spec.item is None:
+        spec = dataclasses.replace(spec, item=_default_spec(typing.get_args(hint)[0], where))
+    return compile_check(spec, where)
+
+
+def _default_spec(hint: Any, where: str) -> Any:
+    if hint is bool:
+        return Bool()
     if isinstance(hint, type) and issubclass(hint, enum.IntEnum):
-
-        def check_enum(v):
-            if type(v) is not int:
-                raise ProtocolError(f"{owner}.{name}: expected an int")
-            try:
-                return hint(v)
-            except ValueError:
-                raise ProtocolError(f"{owner}.{name}: {v} is not a {hint.__name__}") from None
-
-        return check_enum
+        return Choice(frozenset(hint), hint)
+    if hint is int:
+        return Int()
+    if hint is float:
+        return Float()
+    if hint is str:
+        return Str()
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
-
-        def check_list(v):
-            if not isinstance(v, list):
-                raise ProtocolError(f"{owner}.{name}: expected a list")
-            if item in _NESTED:
-                codec = _CODECS[item]
-                return [codec.from_wire(x) for x in v]
-            return v
-
-        return check_list
-    if typing.get_origin(hint) is dict:
-
-        def check_map(v):
-            if not isinstance(v, dict):
-                raise ProtocolError(f"{owner}.{name}: expected a map")
-            return v
-
-        return check_map
-    simple = {int: int, float: (int, float), str: str, bool: bool}.get(hint)
-    if simple is None:
-        return lambda v: v
-
-    def check_simple(v):
-        if not isinstance(v, simple):
-            raise ProtocolError(f"{owner}.{name}: expected {hint.__name__}")
-        return v
-
-    return check_simple
+        if item in _NESTED:
+            return Items(_CODECS[item].from_wire)
+        return Items(_default_spec(item, where))
+    # a field whose type has no check would let anything through: refuse it at import
+    raise TypeError(f"{where}: no wire check for the type {hint!r}; give it a FIELD_SPECS entry")
 
 
 _CODECS: dict[type, _Codec] = {cls: _Codec(cls) for cls in (*_NESTED, *MESSAGE_TYPES.values())}
+for _codec in _CODECS.values():
+    _codec.link()
 
 
 def encode(msg: Any, arrays: list[np.ndarray] | None = None) -> list[Any]:
@@ -499,7 +673,9 @@ def encode(msg: Any, arrays: list[np.ndarray] | None = None) -> list[Any]:
 
 
 def decode(frames: list[Any]) -> tuple[Any, list[Any]]:
-    """Frames -> (message, extra frames). Raises ProtocolError on anything malformed."""
+    """Frames -> (message, extra frames). Raises ProtocolError on anything malformed: a message
+    that decodes has every field of its type and within its range (FIELD_SPECS, MESSAGE_CHECKS),
+    and extra frames only when it is a PrefixHeader, one per array it announces."""
     if not frames:
         raise ProtocolError("empty message")
     head = bytes(frames[0])
@@ -514,9 +690,13 @@ def decode(frames: list[Any]) -> tuple[Any, list[Any]]:
         raise ProtocolError(f"undecodable {cls.__name__} body: {exc}") from exc
     try:
         msg = _CODECS[cls].from_wire(body)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # WireError, and a wrong value a constructor refused
         raise ProtocolError(f"malformed {cls.__name__}: {exc}") from exc
-    return msg, list(frames[1:])
+    extra = list(frames[1:])
+    announced = len(msg.kv_meta) if cls is PrefixHeader else 0
+    if len(extra) != announced:
+        raise ProtocolError(f"{cls.__name__} with {len(extra)} extra frames, {announced} announced")
+    return msg, extra
 
 
 def kv_meta(arrays: list[np.ndarray]) -> list[list[Any]]:

@@ -25,10 +25,15 @@ RECV_HWM = 100_000
 class Receiver:
     """A bound PULL socket that yields decoded messages; malformed ones are counted and skipped."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, counters: TransportCounters):
+    def __init__(
+        self, ctx: zmq.Context, endpoint: str, counters: TransportCounters,
+        max_message_bytes: int = -1,
+    ):  # fmt: skip
         self.socket = ctx.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, RECV_HWM)
+        # a peer sending a bigger frame is disconnected (splitserve/message_limits.py)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.socket.bind(bind_address(endpoint))
         self.counters = counters
 

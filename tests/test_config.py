@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import socket
 
-from splitserve.config import config_from_dict, config_to_dict
+import pytest
+import zmq
+
+from splitserve.config import bind_address, config_from_dict, config_to_dict
 
 
 def test_cluster_cpus_round_trip_to_children():
@@ -48,3 +51,81 @@ def test_admit_ahead_tokens_takes_auto_or_a_count(ahead):
 def test_admit_ahead_tokens_rejects_anything_else(ahead):
     with pytest.raises(ValueError, match="admit_ahead_tokens"):
         config_from_dict({"router": {"admit_ahead_tokens": ahead}, "cluster": {"run_dir": "/x"}})
+
+
+# ---- endpoints -------------------------------------------------------------------------------
+
+GOOD = {"router": "tcp://127.0.0.1:5550", "prefill": "tcp://10.0.0.1:5551",
+        "decode": "tcp://decode-host.example:5552", "detok": ["ipc:///tmp/d0.sock"]}  # fmt: skip
+
+
+def _with(**changed):
+    return config_from_dict({"addresses": {**GOOD, **changed}})
+
+
+def test_well_formed_endpoints_are_accepted():
+    assert _with().addresses.decode == ("tcp://decode-host.example:5552",)
+    assert _with(detok=["inproc://d0", "tcp://127.0.0.1:5561"]).detok_count == 2
+
+
+@pytest.mark.parametrize(
+    "changed, message",
+    [
+        ({"router": "tcp://127.0.0.1:5755x"}, r"\[addresses\] router: .*port from 1 to 65535"),
+        ({"router": "tcp://127.0.0.1:0"}, "port from 1 to 65535"),
+        ({"router": "tcp://127.0.0.1:65536"}, "port from 1 to 65535"),
+        ({"router": "tcp://127.0.0.1"}, "port from 1 to 65535"),
+        ({"router": "tcp://*:5550"}, "neither an IPv4 address nor a host name"),
+        ({"router": "tcp://10.0.0.256:5550"}, "neither an IPv4 address nor a host name"),
+        ({"router": "tcp://[::1]:5550"}, "neither an IPv4 address nor a host name"),
+        ({"router": "tcp://a;b:5550"}, "neither an IPv4 address nor a host name"),
+        ({"prefill": "127.0.0.1:5551"}, "is not tcp://HOST:PORT"),
+        ({"prefill": "udp://127.0.0.1:5551"}, "transport must be tcp, ipc or inproc"),
+        ({"decode": 5552}, "an endpoint or a non-empty list of them"),
+        ({"decode": []}, "an endpoint or a non-empty list of them"),
+        ({"detok": ["ipc://" + "x" * 200]}, r"detok\[0\].*at most 107 bytes"),
+        ({"detok": ["tcp://127.0.0.1:5550"]}, "needs an endpoint of its own"),
+    ],
+)
+def test_malformed_endpoints_are_refused_at_load(changed, message):
+    with pytest.raises(ValueError, match=message):
+        _with(**changed)
+
+
+def test_addresses_need_every_receiver():
+    with pytest.raises(ValueError, match="missing detok; unknown detoks"):
+        config_from_dict({"addresses": {**{k: v for k, v in GOOD.items() if k != "detok"},
+                                        "detoks": []}})  # fmt: skip
+
+
+def test_a_receiver_binds_exactly_its_address():
+    """tcp://127.0.0.1:PORT used to bind tcp://*:PORT: every interface, the network included."""
+    assert bind_address("tcp://127.0.0.1:5755") == "tcp://127.0.0.1:5755"
+    assert bind_address("tcp://localhost:5755") == "tcp://127.0.0.1:5755"  # resolved: IPv4
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    try:
+        sock.bind(bind_address(f"tcp://127.0.0.1:{port}"))
+        assert sock.getsockopt_string(zmq.LAST_ENDPOINT) == f"tcp://127.0.0.1:{port}"
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.parametrize(
+    "router, message",
+    [
+        ({"header_timeout_s": 0}, "header_timeout_s must be a number of seconds above 0"),
+        ({"body_timeout_s": "30"}, "body_timeout_s must be a number of seconds above 0"),
+        ({"max_connections": 0}, "max_connections must be a count of at least 1"),
+        ({"max_connections_per_peer": True}, "max_connections_per_peer must be a count"),
+        ({"max_connections": 10, "max_connections_per_peer": 11}, "cannot exceed max_connections"),
+        ({"max_connections": 300, "max_connections_per_peer": 10}, "must exceed max_running"),
+    ],
+)
+def test_connection_limits_are_checked(router, message):
+    with pytest.raises(ValueError, match=message):
+        config_from_dict({"router": router, "cluster": {"run_dir": "/tmp/x"}})

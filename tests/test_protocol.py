@@ -4,100 +4,31 @@ import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from splitserve import protocol
 from splitserve.engine.interface import SamplingParams
 from splitserve.protocol import (
-    Abort,
     DetokParams,
-    Finish,
     GenerateRequest,
-    Heartbeat,
-    OpenStream,
     PrefixHeader,
     ProtocolError,
-    Ready,
-    RequestFailed,
     StopCriteria,
-    TextBatch,
-    TextDelta,
-    TokenBatch,
 )
-
-ids = st.text(min_size=1, max_size=40)
-ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
-floats = st.floats(allow_nan=False, width=32)
-token_lists = st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=300)
-
-sampling = st.builds(SamplingParams, floats, floats, ints, st.integers(0, 2**32 - 1))
-stops = st.builds(StopCriteria, ints, ints, st.booleans(), token_lists, token_lists)
-detoks = st.builds(DetokParams, st.booleans(), st.lists(st.text(max_size=8)), st.booleans(), ints)
-opens = st.builds(OpenStream, ids, ints, ints, detoks, st.booleans())
-deltas = st.builds(TextDelta, ids, ints, ints, st.text(), token_lists, st.lists(floats),
-                   st.sampled_from([protocol.FinishReason.NONE, protocol.FinishReason.STOP,
-                                    protocol.FinishReason.LENGTH]))  # fmt: skip
-counts = st.integers(0, 2**40)
-histograms = st.builds(protocol.HistogramSnapshot, st.lists(floats, max_size=4),
-                       st.lists(counts, max_size=5), floats, counts, floats, floats, floats)
-transports = st.builds(protocol.TransportCounters, counts, counts, counts, counts)
-prefill_loads = st.builds(protocol.PrefillLoad, counts, counts, counts, counts, histograms)
-decode_loads = st.builds(protocol.DecodeLoad, *[counts] * 12, histograms, histograms, histograms)
-detok_loads = st.builds(protocol.DetokLoad, *[counts] * 8, histograms)
-infos = st.builds(protocol.WorkerInfo, counts, counts, counts, st.text(max_size=20))
-
-
-@st.composite
-def heartbeats(draw):
-    role = draw(st.sampled_from(["prefill", "decode", "detok"]))
-    loads = {"prefill": prefill_loads, "decode": decode_loads, "detok": detok_loads}
-    return Heartbeat(role, draw(ints), draw(ints), draw(ints), draw(floats), draw(st.booleans()),
-                     draw(transports), **{role: draw(loads[role])})  # fmt: skip
-
-
-@st.composite
-def token_batches(draw):
-    n = draw(st.integers(0, 70))
-    column = lambda s: draw(st.lists(s, min_size=n, max_size=n))  # noqa: E731
-    return TokenBatch(
-        draw(st.sampled_from(list(protocol.Source))),
-        draw(ints),
-        column(ids),
-        column(ints),
-        column(ints),
-        column(ints),
-        column(floats),
-        column(st.integers(0, 2)),
-        draw(st.lists(opens, max_size=3)),
-    )
-
-
-messages = st.one_of(
-    st.builds(GenerateRequest, ids, ints, ints, ints, token_lists, ints, sampling, stops, detoks,
-              st.booleans()),
-    st.builds(PrefixHeader, ids, ints, ints, ints, ints, ints, floats, sampling, stops,
-              st.lists(st.tuples(st.just("<f4"), st.lists(ints, max_size=4)).map(list))),
-    token_batches(),
-    st.builds(TextBatch, st.lists(deltas, max_size=10)),
-    st.builds(Abort, st.lists(ids), st.lists(ints)),
-    st.builds(Finish, st.lists(ids), st.lists(ints)),
-    st.builds(RequestFailed, st.lists(ids), st.lists(ints), st.text(), st.text()),
-    st.builds(protocol.ResumeStream, ids, ints, ints, detoks, st.booleans(), token_lists, ints),
-    st.builds(protocol.Repin, st.lists(ids), st.lists(ints), st.lists(ints), st.lists(ints)),
-    st.builds(protocol.DetokPool, st.lists(st.text(max_size=30))),
-    st.builds(Ready, st.text(), ints, ints, ints, infos),
-    heartbeats(),
-)  # fmt: skip
+from tests.wire_strategies import messages
 
 
 @settings(max_examples=300, deadline=None)
 @given(messages)
-def test_every_message_survives_a_round_trip(msg):
-    frames = protocol.encode(msg)
+def test_every_message_survives_a_round_trip(message):
+    msg, arrays = message
+    frames = protocol.encode(msg, arrays)
     back, extra = protocol.decode(frames)
     assert back == msg
     assert type(back) is type(msg)
-    assert extra == []
+    assert len(extra) == len(arrays)
+    for sent, got in zip(arrays, protocol.arrays_from_frames(back.kv_meta, extra) if arrays
+                         else [], strict=True):  # fmt: skip
+        np.testing.assert_array_equal(sent, got)
 
 
 def test_kv_arrays_travel_as_extra_frames_without_a_copy():
@@ -143,6 +74,94 @@ good_request = GenerateRequest(
 def test_malformed_frames_raise_protocol_error(frames):
     with pytest.raises(ProtocolError):
         protocol.decode(frames)
+
+
+def _wire(msg) -> list:
+    return msgpack.unpackb(protocol.encode(msg)[0][1:], strict_map_key=False)
+
+
+def _changed(msg, *path_value) -> list[bytes]:
+    """msg's frame with the wire value at each path (indices into nested arrays) replaced."""
+    body = _wire(msg)
+    for path, value in zip(path_value[::2], path_value[1::2], strict=True):
+        node = body
+        for i in path[:-1]:
+            node = node[i]
+        node[path[-1]] = value
+    return [bytes([protocol.TYPE_CODES[type(msg)]]) + msgpack.packb(body, use_bin_type=True)]
+
+
+good_batch = protocol.TokenBatch(protocol.Source.DECODE, 3, ["a", "b"], [0, 0], [1, 1], [5, 6],
+                                 [-0.5, -1.0], [0, 2])  # fmt: skip
+good_delta = protocol.TextBatch([protocol.TextDelta("a", 0, 0, "hi", [5, 6], [-0.5, -1.0])])
+good_header = PrefixHeader("r", 0, 0, 2, 0, 7, -0.5, SamplingParams(), StopCriteria(4),
+                           [["<f4", [2, 1]]])  # fmt: skip
+hist = protocol.HistogramSnapshot([0.1, 0.2], [1, 2, 3], 0.5, 6, 0.1, 0.2, 0.2)
+good_beat = protocol.Heartbeat("prefill", 0, 9, protocol.PROTOCOL_VERSION, 0.01, False,
+                               protocol.TransportCounters(),
+                               prefill=protocol.PrefillLoad(0, 0, 1, 0, hist))  # fmt: skip
+
+# Well-formed MessagePack, wrong in one value: each crashed a worker or fooled a handler before
+# the decoder checked element types and ranges (issue 16).
+WELL_FORMED_BUT_WRONG = {
+    "TokenBatch request_ids [[1]]": _changed(good_batch, [2], [[1], [2]]),
+    "Abort([[1]])": [b"\x05" + msgpack.packb([[[1]], [0]])],
+    "Finish([{}])": [b"\x06" + msgpack.packb([[{}], [0]])],
+    "an Abort of more ids than epochs": [b"\x05" + msgpack.packb([["a", "b"], [0]])],
+    "a prompt of floats": _changed(good_request, [4], [1.5, 2.0]),
+    "an empty prompt": _changed(good_request, [4], []),
+    "a bool for a token id": _changed(good_request, [4], [True, 2]),
+    "top_k 2**40": _changed(good_request, [6, 2], 2**40),
+    "top_p 1e-40 (a subnormal the sampler flushes to 0)": _changed(good_request, [6, 1], 1e-40),
+    "top_p NaN": _changed(good_request, [6, 1], float("nan")),
+    "temperature -1": _changed(good_request, [6, 0], -1.0),
+    "a negative detok index": _changed(good_request, [3], -1),
+    "a bool for the detok index": _changed(good_request, [3], True),
+    "a negative epoch": _changed(good_request, [1], -1),
+    "a negative start_seq": _changed(good_request, [5], -1),
+    "a stop string of 0 characters": _changed(good_request, [8, 1], [""]),
+    "an int beyond int64": _changed(good_batch, [1], 2**64 - 1),
+    "a token id beyond int32": _changed(good_batch, [5], [5, 2**31]),
+    "a negative sequence number": _changed(good_batch, [4], [1, -1]),
+    "columns of different lengths": _changed(good_batch, [5], [5]),
+    "an epoch column of another length": _changed(good_batch, [3], [0]),
+    "NaN among logprobs": _changed(good_batch, [6], [float("nan"), -1.0]),
+    "+inf among logprobs": _changed(good_batch, [6], [float("inf"), -1.0]),
+    "a finish that is no TokenFinish": _changed(good_batch, [7], [0, 3]),
+    "a delta's logprobs not one per token": _changed(good_delta, [0, 0, 5], [-0.5]),
+    "a detok worker's ERROR finish": _changed(good_delta, [0, 0, 6], 4),
+    "kv_meta of a bare string": _changed(good_header, [9], ["<f4"]),
+    "kv_meta with a negative dimension": _changed(good_header, [9, 0, 1], [-2, 1]),
+    "kv_meta of no arrays": _changed(good_header, [9], []),
+    "a heartbeat from no role": _changed(good_beat, [0], "router"),
+    "a prefill heartbeat with a decode load": _changed(good_beat, [0], "decode"),
+    "a histogram with a count missing": _changed(good_beat, [7, 4, 1], [1, 2]),
+    "histogram buckets out of order": _changed(good_beat, [7, 4, 0], [0.2, 0.1]),
+    "a negative loop age": _changed(good_beat, [4], -1.0),
+}
+
+
+@pytest.mark.parametrize("frames", WELL_FORMED_BUT_WRONG.values(), ids=WELL_FORMED_BUT_WRONG)
+def test_well_formed_but_wrong_messages_raise_protocol_error(frames):
+    with pytest.raises(ProtocolError):
+        protocol.decode(frames)
+
+
+def test_the_prefix_header_announces_its_frames():
+    """Its KV arrays come as extra frames, one per kv_meta entry; no other message has any."""
+    frames = protocol.encode(good_header, [np.zeros((2, 1), np.float32)])
+    protocol.decode(frames)
+    with pytest.raises(ProtocolError):
+        protocol.decode(frames[:1])
+    with pytest.raises(ProtocolError):
+        protocol.decode([*frames, b"more"])
+    with pytest.raises(ProtocolError):
+        protocol.decode([*protocol.encode(good_batch), b"junk"])
+
+
+def test_every_good_example_decodes():
+    for msg in (good_request, good_batch, good_delta, good_beat):
+        assert protocol.decode(protocol.encode(msg))[0] == msg
 
 
 def test_a_well_formed_request_decodes_with_defaults_filled_in():

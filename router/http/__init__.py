@@ -2,7 +2,8 @@
 
 One idea per file:
   app.py          build_app(core, tokenizer, config): routes, middleware, error handlers
-  schemas.py      pydantic request models: types, ranges, bounds
+  schemas.py      pydantic request models: types, ranges, bounds; parse_body
+  unicode.py      lone UTF-16 surrogates in a JSON body: refused, naming the field
   limits.py       every bound on client input, and the body size limit
   errors.py       OpenAI-style error bodies and the status of each kind of failure
   auth.py         the optional API key
@@ -15,6 +16,8 @@ One idea per file:
   chat.py         POST /v1/chat/completions
   native.py       POST /generate
   ops.py          GET /health, /metrics, /v1/models
+  connections.py  client connections: header and body timeouts, per-peer and total limits
+                  (the protocol uvicorn runs, set up in router/__main__.py)
 """
 
 from router.http.app import build_app

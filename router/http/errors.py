@@ -56,6 +56,14 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
+class ClientGone(APIError):
+    """The client disconnected before its request was read or admitted: nobody reads the
+    answer, which is logged as one info line (nginx's 499), never as a server error."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the request", code="client_closed_request")
+
+
 def error_body(
     message: str, kind: str = INVALID, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 
 from router.http.context import ServerContext
-from router.http.errors import APIError
+from router.http.errors import APIError, ClientGone
 from router.params import MAX_SEED
 from router.requests import Delta, RequestHandle, RequestParams, Result
 from splitserve.protocol import FinishReason
@@ -44,13 +44,6 @@ class Choice:
         self.text.append(delta.text)
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
-
-
-class ClientGone(APIError):
-    """The client disconnected before its requests were admitted (nobody reads the answer)."""
-
-    def __init__(self) -> None:
-        super().__init__(499, "the client closed the request", code="client_closed_request")
 
 
 class Generation:

@@ -21,10 +21,12 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from starlette.requests import ClientDisconnect
 
 from router import params
 from router.http import limits
-from router.http.errors import APIError, validation_error
+from router.http.errors import APIError, ClientGone, validation_error
+from router.http.unicode import find_lone_surrogate, may_hold_surrogates
 from router.params import BOUNDS
 from router.requests import RequestParams
 
@@ -34,10 +36,17 @@ TokenIds = list[TokenId]
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body as a model, whatever the Content-Type says (curl -d sends a form type)."""
-    raw = await request.body()
+    """The JSON body as a model, whatever the Content-Type says (curl -d sends a form type).
+    Refuses (400) what is not valid JSON, not valid Unicode (see unicode.py) or not the model;
+    a client that leaves while its body is uploading is ClientGone (499), not a server error."""
     try:
-        data = json.loads(raw)
+        raw = await request.body()
+    except ClientDisconnect:
+        raise ClientGone() from None
+    try:
+        # decoded here, strictly: json.loads(bytes) would let UTF-8-encoded surrogates through
+        text = raw.decode(json.detect_encoding(raw))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         message = f"malformed JSON body: {exc.msg} at position {exc.pos}"
         raise APIError(400, message, code="invalid_json") from None
@@ -45,6 +54,12 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise APIError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
     except RecursionError:
         raise APIError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
+    if may_hold_surrogates(text):
+        path = find_lone_surrogate(data)
+        if path is not None:
+            where = ".".join(path) if path else "request body"
+            message = f"{where}: a lone UTF-16 surrogate escape is not valid Unicode text"
+            raise APIError(400, message, param=path[0] if path else None, code="invalid_unicode")
     try:
         return model.model_validate(data)
     except ValidationError as exc:

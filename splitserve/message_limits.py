@@ -1,0 +1,64 @@
+"""The largest frame each receiver accepts (ZeroMQ's ZMQ_MAXMSGSIZE): a peer that sends a bigger
+one is disconnected by ZeroMQ before any of it reaches the process, so that no sender can make a
+receiver read, hold and decode hundreds of megabytes (three 300 MB frames kept the router's loop
+busy long enough to declare its workers dead).
+
+The limit applies to each frame of a message. The decode worker's largest frame is one KV array of
+a prefix as long as the context, so its limit follows from the model; every other receiver gets
+control messages only, whose size follows from the bounds of what they carry.
+"""
+
+from __future__ import annotations
+
+from splitserve.config import ClusterConfig
+from splitserve.protocol import MAX_WIRE_STOP_CHARS, MAX_WIRE_STOPS
+
+# Room for everything in a control message besides what grows with the context or the batch:
+# ids, sampling and stop parameters, load reports. The stop strings of one request can reach
+# MAX_WIRE_STOPS x MAX_WIRE_STOP_CHARS x 4 bytes of UTF-8 (1 MiB): a GenerateRequest's, or a
+# TokenBatch's opening a stream.
+CONTROL_BASE_BYTES = 1 << 20
+BYTES_PER_CONTEXT_TOKEN = 9  # a token id in MessagePack (<= 5 bytes) and its float (<= 9) rounded
+BYTES_PER_SLOT = 4096  # per decode slot: a TokenBatch row or a TextDelta (id, text, tokens)
+HEADER_MARGIN_BYTES = 1 << 20  # the PrefixHeader frame beside the KV frames
+
+
+def stop_strings_bytes() -> int:
+    return MAX_WIRE_STOPS * MAX_WIRE_STOP_CHARS * 4
+
+
+def control_message_bytes(config: ClusterConfig) -> int:
+    """The largest frame of a message to the router, the prefill worker or a detok worker:
+    a request's stop strings, a prompt (or a stream's tokens) as long as the context, and a row
+    per decode slot, each with a generous margin."""
+    model = config.model
+    return (
+        CONTROL_BASE_BYTES
+        + stop_strings_bytes()
+        + 2 * BYTES_PER_CONTEXT_TOKEN * model.max_seq_len
+        + BYTES_PER_SLOT * config.total_slots
+    )
+
+
+def llama_kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """K and V of one token in every layer: what a prefix costs per prompt token."""
+    return 2 * layers * kv_heads * head_dim * itemsize
+
+
+def decode_message_bytes(config: ClusterConfig, kv_bytes_per_token: int) -> int:
+    """The decode worker's limit: a prefix of the whole context in one frame (k and v together,
+    whatever way an engine splits them into frames), plus its header."""
+    prefix = kv_bytes_per_token * config.model.max_seq_len
+    return prefix + HEADER_MARGIN_BYTES + control_message_bytes(config)
+
+
+def max_message_bytes(role: str, config: ClusterConfig, kv_bytes_per_token: int = 0) -> int:
+    """The receiver's ZMQ_MAXMSGSIZE for a role ("router", "prefill", "decode", "detok");
+    the decode worker's needs its engine's KV bytes per token (llama_kv_bytes_per_token)."""
+    if role == "decode":
+        if kv_bytes_per_token <= 0:
+            raise ValueError("the decode worker's limit needs the engine's KV bytes per token")
+        return decode_message_bytes(config, kv_bytes_per_token)
+    if role in ("router", "prefill", "detok"):
+        return control_message_bytes(config)
+    raise ValueError(f"no receiver for role {role!r}")

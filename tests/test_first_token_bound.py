@@ -1,0 +1,64 @@
+"""A request that never gets its first token ends in bounded time, not at request_timeout_s: once
+the prefill worker is seen idle stall_timeout_s after the request was sent to it, the request was
+lost on the way. A prefill that is merely slow, or a queue at the prefill worker, is not a loss.
+Real worker processes (the fake engine) and a router core on the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.requests import RequestParams
+from splitserve.tokenizers import load_tokenizer
+from tests.pipeline_util import make_config, pipeline, run
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_a_request_lost_before_prefill_ends_with_an_error(tokenizer_512):
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(tokenizer_512, router={"stall_timeout_s": 1.0})
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            prefill = core.links.senders[("prefill", 0)]
+            real_send = prefill.send_frames
+            prefill.send_frames = lambda frames: True  # "sent", and lost on the way
+            try:
+                handle = await core.submit(tok.encode("lost"), RequestParams(max_tokens=5))
+            finally:
+                prefill.send_frames = real_send
+            # request_timeout_s is 600 s: only the first-token bound ends it within this wait
+            _, result = await asyncio.wait_for(handle.finished(), 60)
+            assert result.finish_reason.api == "error"
+            assert "no first token" in result.error
+            assert core.admission.running == 0 and len(core.requests) == 0
+            # the core goes on serving
+            _, result = await (await core.submit(tok.encode("found"), RequestParams())).finished()
+            assert result.finish_reason.api in ("stop", "length")
+
+    run(body())
+
+
+def test_slow_and_queued_prefills_are_not_mistaken_for_losses(tokenizer_512):
+    """Each prefill takes 2.5 stall timeouts, and three wait in line: the last one's first token
+    comes seven stall timeouts after it was sent."""
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(
+        tokenizer_512, router={"stall_timeout_s": 1.0}, model={"fake_prefill_s": 2.5}
+    )
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            handles = [
+                await core.submit(tok.encode(f"slow {i}"), RequestParams(max_tokens=3))
+                for i in range(3)
+            ]
+            results = await asyncio.wait_for(
+                asyncio.gather(*(h.finished() for h in handles)), 120
+            )
+            for _, r in results:
+                assert r.finish_reason.api in ("stop", "length"), r.error
+
+    run(body())
