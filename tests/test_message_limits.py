@@ -61,7 +61,7 @@ def test_a_frame_over_the_limit_is_dropped_and_later_messages_arrive(tmp_path):
     try:
         assert receiver.socket.getsockopt(zmq.MAXMSGSIZE) == 64 * 1024
         sender.connect(endpoint)
-        big = protocol.encode(Abort(["x" * (32 << 20)]))  # 32 MiB in one frame
+        big = protocol.encode(Abort(["x" * (32 << 20)], [0]))  # 32 MiB in one frame
         sender.send_multipart(big)
         got = []
         deadline = time.monotonic() + 30
@@ -69,7 +69,7 @@ def test_a_frame_over_the_limit_is_dropped_and_later_messages_arrive(tmp_path):
         # the sender reconnects after the receiver dropped it: keep sending until one arrives
         while not got and time.monotonic() < deadline:
             with contextlib.suppress(zmq.Again):  # while reconnecting the queue may be full
-                sender.send_multipart(protocol.encode(Abort([f"small-{i}"])), zmq.NOBLOCK)
+                sender.send_multipart(protocol.encode(Abort([f"small-{i}"], [0])), zmq.NOBLOCK)
             i += 1
             if receiver.poll(100):
                 got = receiver.drain()

@@ -126,21 +126,26 @@ def columns(draw, cls, width: int, *rest):
     lists += [draw(st.lists(tokens, min_size=n, max_size=n)) for _ in range(width - 1)]
     return cls(*lists, *(draw(s) for s in rest))
 
-# (message, the arrays that travel with it)
-messages = st.one_of(
-    no_arrays(st.builds(GenerateRequest, ids, tokens, tokens, tokens,
-                        st.lists(tokens, min_size=1, max_size=300), tokens, sampling, stops,
-                        detoks, st.booleans())),
-    prefixes(),
-    no_arrays(token_batches()),
-    no_arrays(st.builds(TextBatch, st.lists(deltas(), max_size=10))),
-    no_arrays(columns(Abort, 2)),
-    no_arrays(columns(Finish, 2)),
-    no_arrays(columns(RequestFailed, 2, roles, st.text())),
-    no_arrays(st.builds(protocol.ResumeStream, ids, tokens, tokens, detoks, st.booleans(),
-                        token_lists, tokens)),
-    no_arrays(columns(protocol.Repin, 4)),
-    no_arrays(st.builds(protocol.DetokPool, st.lists(st.text(max_size=60), max_size=8))),
-    no_arrays(st.builds(Ready, roles, tokens, tokens, counts, infos)),
-    no_arrays(heartbeats()),
-)  # fmt: skip
+# per message type: (message, the arrays that travel with it)
+BY_TYPE = {
+    GenerateRequest: no_arrays(st.builds(
+        GenerateRequest, ids, tokens, tokens, tokens, st.lists(tokens, min_size=1, max_size=300),
+        tokens, sampling, stops, detoks, st.booleans(),
+    )),
+    PrefixHeader: prefixes(),
+    TokenBatch: no_arrays(token_batches()),
+    TextBatch: no_arrays(st.builds(TextBatch, st.lists(deltas(), max_size=10))),
+    Abort: no_arrays(columns(Abort, 2)),
+    Finish: no_arrays(columns(Finish, 2)),
+    RequestFailed: no_arrays(columns(RequestFailed, 2, roles, st.text())),
+    protocol.ResumeStream: no_arrays(st.builds(
+        protocol.ResumeStream, ids, tokens, tokens, detoks, st.booleans(), token_lists, tokens,
+    )),
+    protocol.Repin: no_arrays(columns(protocol.Repin, 4)),
+    protocol.DetokPool: no_arrays(
+        st.builds(protocol.DetokPool, st.lists(st.text(max_size=60), max_size=8))
+    ),
+    Ready: no_arrays(st.builds(Ready, roles, tokens, tokens, counts, infos)),
+    Heartbeat: no_arrays(heartbeats()),
+}  # fmt: skip
+messages = st.one_of(*BY_TYPE.values())
