@@ -50,7 +50,7 @@ class Placement:
         self.ring = HashRing([])
         self.prefill_tokens: dict[int, int] = {}  # prompt tokens placed and not yet prefilled
         self.decode_requests: dict[int, int] = {}  # requests placed and not ended
-        self._turn = itertools.count()
+        self._turns = {role: itertools.count() for role in ("prefill", "decode")}
 
     def refresh(self) -> None:
         """Follow the live detok workers (call when a worker's state may have changed)."""
@@ -95,7 +95,7 @@ class Placement:
         live = self.workers.live(role)
         if not live:
             raise NoLiveWorker(f"no live {role} worker")
-        turn = next(self._turn)
+        turn = next(self._turns[role])
         # the lowest load; among equals, the next one in turn
         return min(live, key=lambda i: (load(i), (i - turn) % (max(live) + 1)))
 
