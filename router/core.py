@@ -42,7 +42,7 @@ from router.params import MAX_SEED, validate
 from router.placement import NoLiveWorker, Placement
 from router.request_table import RequestTable
 from router.requests import InvalidRequest, NotReady, RequestHandle, RequestParams
-from router.workers import WorkerState, WorkerTable
+from router.workers import MAX_DETOK_WORKERS, WorkerState, WorkerTable
 from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.engine.interface import SamplingParams
@@ -100,6 +100,7 @@ class RouterCore:
         self._tasks: list[asyncio.Task] = []
         self._ready_event: asyncio.Event | None = None
         self._detok_pool: list[str] = []  # as last announced to prefill and decode workers
+        self.detok_target = config.count("detok")  # the pool's size the operator asks for
 
     # ---- start and stop ----
     async def start(self) -> None:
@@ -333,6 +334,31 @@ class RouterCore:
         for handle in self.requests.handles():
             if handle.placed and handle.stamp.detok in draining:
                 self.migrator.move(handle, "detok", f"detok worker {handle.stamp.detok} drains")
+
+    def resize_detok_pool(self, count: int) -> None:
+        """The operator wants `count` detok workers, indices 0..count-1 (the launcher or the
+        supervisor starts and stops the processes). Workers past it leave the ring now; their
+        streams move to the others, losing nothing (router/migration.py)."""
+        if not 1 <= count <= MAX_DETOK_WORKERS:
+            raise InvalidRequest(f"the detok pool takes 1 to {MAX_DETOK_WORKERS} workers", "count")
+        self.detok_target = count
+        for w in self.workers.of("detok"):
+            w.removed = w.index >= count
+        log.info("detok pool resized to %d worker(s)", count)
+        self._workers_changed(None)
+
+    def detok_pool(self) -> dict[str, Any]:
+        """The pool as the operator sees it: the size asked for and each worker's state."""
+        streams: dict[int, int] = {}
+        for handle in self.requests.handles():
+            if handle.placed:
+                streams[handle.stamp.detok] = streams.get(handle.stamp.detok, 0) + 1
+        workers = [
+            {"index": w.index, "state": w.state, "removed": w.removed, "live": w.live,
+             "streams": streams.get(w.index, 0)}
+            for w in sorted(self.workers.of("detok"), key=lambda w: w.index)
+        ]  # fmt: skip
+        return {"target": self.detok_target, "workers": workers}
 
     def _timings(self) -> tuple[float, float]:
         """(median prefill, median decode step gap) in seconds from the latest heartbeats."""

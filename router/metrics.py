@@ -116,9 +116,16 @@ class _WorkerCollector:
         up = GaugeMetricFamily(
             "splitserve_worker_up", "1 when the worker is ready", labels=["role", "index"]
         )
+        restarts = CounterMetricFamily(
+            "splitserve_worker_restarts",
+            "Times the router saw a worker come back as a new process",
+            labels=["role", "index"],
+        )
         for w in self.workers.workers.values():
             up.add_metric([w.role, str(w.index)], 1.0 if w.state == "ready" else 0.0)
+            restarts.add_metric([w.role, str(w.index)], float(w.restarts))
         yield up
+        yield restarts
         decode_w = self.workers.get("decode", 0)
         decode = decode_w.load if decode_w else None
         decode = decode if isinstance(decode, DecodeLoad) else None

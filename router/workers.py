@@ -41,6 +41,7 @@ class WorkerState:
     info: WorkerInfo = field(default_factory=WorkerInfo)
     heartbeat: Heartbeat | None = None  # the latest
     restarts: int = 0
+    removed: bool = False  # a detok worker the operator took out of the pool (it may still run)
 
     @property
     def load(self) -> PrefillLoad | DecodeLoad | DetokLoad | None:
@@ -60,7 +61,9 @@ class WorkerState:
     def live(self) -> bool:
         """Ready, and not draining: new work may go to it."""
         beat = self.heartbeat
-        return self.state == "ready" and not (beat is not None and beat.draining)
+        return (
+            self.state == "ready" and not self.removed and not (beat is not None and beat.draining)
+        )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -73,6 +76,7 @@ class WorkerState:
             else None,
             "restarts": self.restarts,
             "draining": bool(self.heartbeat and self.heartbeat.draining),
+            "removed": self.removed,
         }
 
 
@@ -101,6 +105,8 @@ class WorkerTable:
     def observe(self, msg: Ready | Heartbeat) -> tuple[WorkerState | None, bool]:
         """Record a Ready or Heartbeat. Returns (worker, lost): lost if a ready worker restarted."""
         w = self.workers.get((msg.role, msg.index))
+        if w is not None and w.removed and isinstance(msg, Ready) and msg.pid != w.pid:
+            w.removed = False  # started again: the operator grew the pool back
         if w is None and msg.role == "detok" and isinstance(msg, Ready):
             if 0 <= msg.index < MAX_DETOK_WORKERS and msg.info.endpoint:
                 w = self.workers[(msg.role, msg.index)] = WorkerState(msg.role, msg.index)
@@ -120,8 +126,9 @@ class WorkerTable:
                 )
             w.state = "refused"
             return w, False
-        lost = w.state == "ready" and w.pid != msg.pid
-        if lost:
+        restarted = w.pid != 0 and w.pid != msg.pid
+        lost = restarted and w.state == "ready"  # what it held is gone (else lost at its death)
+        if restarted:
             w.restarts += 1
             log.warning("%s[%d] restarted (pid %d -> %d)", w.role, w.index, w.pid, msg.pid)
         if w.state != "ready":

@@ -53,7 +53,7 @@ def config_from_args(args: argparse.Namespace):
 def serve(args: argparse.Namespace) -> int:
     from splitserve.launch.health import StackNotReady, health_url, wait_ready
     from splitserve.launch.processes import ProcessStack
-    from splitserve.launch.supervise import StopAll, StopSignals, supervise
+    from splitserve.launch.supervise import RestartWithBackoff, StopSignals, supervise
 
     config = config_from_args(args)
     stop = StopSignals().install()
@@ -76,15 +76,25 @@ def serve(args: argparse.Namespace) -> int:
             """"temperature": 0}'""",
             flush=True,
         )
-        exited = supervise(stack, StopAll(), stop.event)
-        if exited is not None:
-            print(f"splitserve: {exited.name} exited; stopping", flush=True)
-            return 1
+        # a worker that dies is restarted (its requests move meanwhile: router/migration.py)
+        supervise(stack, RestartWithBackoff(), stop.event, tick=_pool_follower(config, stack))
         return 0
     finally:
         print("splitserve: stopping ...", flush=True)
         stack.stop(timeout_s=config.lifecycle.drain_timeout_s + 10)
         print("splitserve: stopped", flush=True)
+
+
+def _pool_follower(config, stack):
+    """The launcher's side of the elastic detok pool (processes mode, with an API key: the
+    admin endpoint needs one); None otherwise."""
+    if config.mode != "processes" or not config.router.api_key:
+        return None
+    from splitserve.launch.detok_pool import DetokPoolFollower
+    from splitserve.launch.health import health_url
+
+    admin_url = health_url(config).rsplit("/", 1)[0] + "/admin/detok-workers"
+    return DetokPoolFollower(stack, admin_url, config.router.api_key)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,12 @@ import httpx
 
 
 def stream_completion(
-    url: str, prompt: str, max_tokens: int, request_id: str | None = None, timeout_s: float = 120
+    url: str,
+    prompt: str,
+    max_tokens: int,
+    request_id: str | None = None,
+    timeout_s: float = 120,
+    headers: dict[str, str] | None = None,
 ) -> dict:
     request_id = request_id or f"t-{uuid.uuid4().hex[:12]}"
     out = {"request_id": request_id, "finish_reason": None, "error": None, "text": "", "tokens": 0,
@@ -37,7 +42,7 @@ def stream_completion(
             "POST",
             f"{url}/v1/completions",
             json=body,
-            headers={"X-Request-Id": request_id},
+            headers={"X-Request-Id": request_id, **(headers or {})},
             timeout=timeout_s,
         ) as resp:
             if resp.status_code != 200:

@@ -72,18 +72,31 @@ def test_stop_all_returns_the_first_child_that_exited_and_restarts_nothing():
     assert exited is detok and stack.spawned == []
 
 
-def test_restart_with_backoff_restarts_at_once_then_no_sooner_than_the_backoff(caplog):
+def test_restart_with_backoff_restarts_at_once_then_backs_off_doubling(caplog):
     decode = FakeChild("decode", 0)
-    policy = RestartWithBackoff(backoff_s=2.5)
+    policy = RestartWithBackoff(backoff_s=2.5, stable_s=60.0)
     with caplog.at_level(logging.WARNING, logger="splitserve.launch.supervise"):
-        # dead at t = 1 to 4 (still dead while it waits), up at 5, dead again at 6 and 7
-        rounds = [[decode], [decode], [decode], [decode], [], [decode], [decode]]
+        # dead at t = 1: restarted at once; dead again at 2 (a quick crash: the back-off doubles
+        # to 5 s), so the next restart is at 6; dead again at 7 (back-off 10 s): waits
+        rounds = [[decode], [decode], [decode], [decode], [decode], [decode], [decode]]
         stack, exited = _run(rounds, policy)
     assert exited is None
-    assert stack.spawned == [("decode", 0, 1.0), ("decode", 0, 4.0), ("decode", 0, 7.0)]
-    assert policy.restarts[("decode", 0)] == 3
+    assert stack.spawned == [("decode", 0, 1.0), ("decode", 0, 6.0)]
+    assert policy.restarts[("decode", 0)] == 2
+    assert policy.backoff(("decode", 0)) == 10.0
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[-1] == "decode[0] exited with status -9: restarting it (restart 3)"
+    assert lines[-1] == "decode[0] exited with status -9: restarting it (restart 2)"
+
+
+def test_a_stable_run_resets_the_backoff():
+    decode = FakeChild("decode", 0)
+    policy = RestartWithBackoff(backoff_s=1.0, stable_s=3.0)
+    # dead at 1 (restart), at 2 (quick: back-off 2 s, restart at 3), up from 4 to 7, dead at 8
+    # after a 5 s run: stable, so the back-off is 1 s again and the restart comes at once
+    rounds = [[decode], [decode], [decode], [], [], [], [], [decode]]
+    stack, _ = _run(rounds, policy)
+    assert stack.spawned == [("decode", 0, 1.0), ("decode", 0, 3.0), ("decode", 0, 8.0)]
+    assert policy.backoff(("decode", 0)) == 1.0
 
 
 def test_a_killed_role_is_restarted_and_the_stack_still_stops(tokenizer_512):

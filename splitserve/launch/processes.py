@@ -56,6 +56,7 @@ class ProcessStack:
         self.cpus = {r: list(cs) for r, cs in (config.cpus if cpus is None else cpus).items()}
         self.config_path = config_path or write_config(config)
         self.children: dict[tuple[str, int], Child] = {}
+        self.retired: list[Child] = []  # stopped for good (a shrunk pool): waited for at stop()
 
     def start(self) -> ProcessStack:
         for role, index in role_instances(self.config, self.roles):
@@ -103,6 +104,13 @@ class ProcessStack:
             self.kill(role, index)
         return self.spawn(role, index)
 
+    def retire(self, role: str, index: int) -> None:
+        """Stop a child for good: SIGTERM (it drains), and it is neither watched nor restarted."""
+        child = self.children.pop((role, index))
+        if child.popen.poll() is None:
+            child.popen.send_signal(signal.SIGTERM)
+        self.retired.append(child)
+
     def dead(self) -> list[Child]:
         return [c for c in self.children.values() if c.popen.poll() is not None]
 
@@ -111,7 +119,7 @@ class ProcessStack:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the router first (it drains), then the workers; SIGKILL what is left."""
-        order = sorted(self.children.values(), key=lambda c: c.role != "router")
+        order = sorted([*self.children.values(), *self.retired], key=lambda c: c.role != "router")
         deadline = time.monotonic() + timeout_s
         for group in (
             [c for c in order if c.role == "router"],

@@ -3,11 +3,13 @@ everything or restart it with a back-off; SIGTERM / SIGINT end the loop, and the
 stops the stack in order (the router first, which drains running requests).
 
 Two policies:
-- StopAll: the first exit ends the loop (`splitserve serve` today: a local stack without one of
-  its roles is broken, and the user sees it at once).
-- RestartWithBackoff: a role that exits is started again, at once the first time, then no
-  sooner than backoff_s after its previous start, so a role that crashes at start-up does not
-  spin; each restart is counted and logged (deploy/launch.sh's hosts).
+- StopAll: the first exit ends the loop.
+- RestartWithBackoff: a role that exits is started again (`splitserve serve`, deploy/launch.sh's
+  hosts: the router moves the requests of a dead worker, so a restart is all it takes), at once
+  the first time, then no sooner than a back-off after its previous start that doubles with
+  each quick crash (up to max_backoff_s) and resets once it ran stable_s, so a role that
+  crashes at start-up does not spin; each restart is counted and logged.
+Each round the loop may also call `tick` (e.g. to follow the detok pool's size).
 """
 
 from __future__ import annotations
@@ -59,20 +61,35 @@ class StopAll:
 
 @dataclass
 class RestartWithBackoff:
-    """A dead role is restarted, no sooner than backoff_s after its previous start."""
+    """A dead role is restarted, no sooner than its back-off after its previous start."""
 
     backoff_s: float = 2.0
+    max_backoff_s: float = 30.0
+    stable_s: float = 60.0  # a run this long resets the back-off
     restarts: Counter[tuple[str, int]] = field(default_factory=Counter)
     last_start: dict[tuple[str, int], float] = field(default_factory=dict)
+    quick_crashes: Counter[tuple[str, int]] = field(default_factory=Counter)
 
     def on_exit(self, child: Any, now: float) -> str:
         """"restart" now, or "wait" (it is checked again on the next round)."""
         key = (child.role, child.index)
-        if now < self.last_start.get(key, -float("inf")) + self.backoff_s:
-            return "wait"
+        started = self.last_start.get(key)
+        if started is not None:
+            if now - started < self.backoff(key):
+                return "wait"
         self.restarts[key] += 1
         self.last_start[key] = now
         return "restart"
+
+    def backoff(self, key: tuple[str, int]) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2 ** self.quick_crashes[key])
+
+    def started_ran(self, key: tuple[str, int], ran_s: float) -> None:
+        """How long the previous run lasted: a short one doubles the next back-off."""
+        if ran_s < self.stable_s:
+            self.quick_crashes[key] += 1
+        else:
+            self.quick_crashes[key] = 0
 
 
 Policy = StopAll | RestartWithBackoff
@@ -84,18 +101,30 @@ def supervise(
     stop: threading.Event,
     clock: Callable[[], float] = time.monotonic,
     interval_s: float = POLL_INTERVAL_S,
+    tick: Callable[[], None] | None = None,
 ) -> Any | None:
     """Watch `stack` until `stop` is set (None) or the policy stops at a child's exit (that
     child). Restarts are done here, each with a log line that counts them."""
+    seen_dead: dict[tuple[str, int], float] = {}  # when each dead child was first seen dead
     while not stop.is_set():
         for child in stack.dead():
-            action = policy.on_exit(child, clock())
+            key = (child.role, child.index)
+            now = clock()
+            if key not in seen_dead and isinstance(policy, RestartWithBackoff):
+                started = policy.last_start.get(key)
+                if started is not None:  # it was restarted before: did that run last?
+                    policy.started_ran(key, now - started)
+            seen_dead.setdefault(key, now)
+            action = policy.on_exit(child, now)
             if action == "stop":
                 return child
             if action == "restart":
-                n = policy.restarts[(child.role, child.index)]
+                n = policy.restarts[key]
                 log.warning("%s exited with status %s: restarting it (restart %d)",
                             child.name, child.popen.returncode, n)  # fmt: skip
                 stack.spawn(child.role, child.index)
+                seen_dead.pop(key, None)
+        if tick is not None:
+            tick()
         stop.wait(interval_s)
     return None
