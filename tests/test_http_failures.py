@@ -41,7 +41,9 @@ def test_worker_death_surfaces_as_errors_then_service_resumes(tokenizer_512):
             assert health.status_code == 503
             states = {(w["role"], w["index"]): w["state"] for w in health.json()["workers"]}
             assert states[("decode", 0)] == "dead"
-            assert_error_shape(c.post("/v1/completions", json={"prompt": "x"}), 503)
+            refused = c.post("/v1/completions", json={"prompt": "x"})  # waits, then 503
+            err = assert_error_shape(refused, 503)
+            assert "being replaced" in err["message"] and refused.headers["Retry-After"] == "5"
 
         stack.stack.restart("decode", 0)
         wait_healthy(stack.url, 30)

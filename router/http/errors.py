@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 INVALID = "invalid_request_error"
 INTERNAL = "internal_error"
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+# when to try again after an overload (429) or while a worker is being replaced (503): a worker
+# restarts in seconds with its compilation cache warm
+RETRY_AFTER_S = {429: 1, 503: 5}
 
 
 class APIError(Exception):
@@ -107,7 +110,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _core_error(request: Request, exc: RequestError) -> JSONResponse:
         error = APIError.from_core(exc)
         _log_client_error(request, error)
-        return error.response()
+        retry = RETRY_AFTER_S.get(exc.status)
+        return error.response(headers={"Retry-After": str(retry)} if retry else None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
