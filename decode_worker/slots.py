@@ -29,6 +29,7 @@ class Slot:
     first_seq: int = 0
     tokens: array = field(default_factory=lambda: array("i"))
     logprobs: array = field(default_factory=lambda: array("d"))
+    finish: int = 0  # TokenFinish of its last token, once it has finished
 
 
 _state = itemgetter(1)

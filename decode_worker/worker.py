@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 from decode_worker.slots import Slot, SlotTable
@@ -64,7 +64,10 @@ class DecodeWorker(WorkerLoop):
         self.gone = Tombstones(config.lifecycle.state_ttl_s)
         # Repins of requests whose prefix has not arrived yet: applied when it does
         # rid -> (when, epoch, detok, from_seq); forgotten after the state TTL
-        self.repins: dict[str, tuple[float, int, int, int]] = {}
+        self.repins: OrderedDict[str, tuple[float, int, int, int]] = OrderedDict()
+        # requests that ended here lately, kept for the state TTL: a Repin may still come for
+        # one whose last tokens went to a detok worker that died (rid -> (when, slot state))
+        self.finished: OrderedDict[str, tuple[float, Slot]] = OrderedDict()
         self.step_time = Histogram()
         self.step_gap = Histogram()  # start-to-start time of consecutive busy steps
         self.insert_time = Histogram()
@@ -130,7 +133,11 @@ class DecodeWorker(WorkerLoop):
             slot = self.slots.release(rid)
             log.info("%s released from slot %d", rid, slot)
             self.engine.free(slot)
+            self.finished[rid] = (time.monotonic(), state)  # a stop string: the stream ended
             return
+        finished = self.finished.get(rid)
+        if finished is not None and finished[1].epoch <= epoch:
+            del self.finished[rid]
         for i, (h, _) in enumerate(self.pending):
             if h.request_id == rid and h.epoch <= epoch:
                 del self.pending[i]
@@ -143,7 +150,10 @@ class DecodeWorker(WorkerLoop):
             msg.request_ids, msg.epochs, msg.detok_indices, msg.from_seqs, strict=False
         ):
             state = self.slots.get(rid)
+            if state is None and rid in self.finished:  # it ended here: its tokens are kept
+                state = self.finished[rid][1]
             if state is None:  # its prefix is still on its way (or pending): apply it then
+                self.repins.pop(rid, None)  # re-added at the end: the order is by time
                 self.repins[rid] = (time.monotonic(), epoch, detok, from_seq)
                 continue
             if epoch > state.epoch and self.detok(detok) is not None:
@@ -156,9 +166,11 @@ class DecodeWorker(WorkerLoop):
         state.epoch, state.detok_index = epoch, detok
         start = max(0, from_seq - state.first_seq)
         batch = self.batch_for(batches, detok)
+        last = len(state.tokens) - 1
         for offset in range(start, len(state.tokens)):
+            finish = state.finish if offset == last else TokenFinish.NONE
             self.append(batch, state, state.first_seq + offset, state.tokens[offset],
-                        state.logprobs[offset], TokenFinish.NONE)  # fmt: skip
+                        state.logprobs[offset], finish)  # fmt: skip
         log.info("%s repinned to detok %d at epoch %d from seq %d", state.request_id, detok,
                  epoch, from_seq)  # fmt: skip
 
@@ -223,8 +235,10 @@ class DecodeWorker(WorkerLoop):
                         logprobs[slot], finish)  # fmt: skip
             if finish != TokenFinish.NONE:
                 log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
+                state.finish = finish
                 self.slots.release(state.request_id)
                 self.engine.free(slot)
+                self.finished[state.request_id] = (time.monotonic(), state)
         return batches
 
     def batch_for(self, batches: dict[int, TokenBatch], detok: int) -> TokenBatch:
@@ -257,10 +271,13 @@ class DecodeWorker(WorkerLoop):
     # ---- lifecycle ----
     def prune(self) -> None:
         self.gone.prune()
-        if self.repins:
-            horizon = time.monotonic() - self.config.lifecycle.state_ttl_s
-            for rid in [r for r, entry in self.repins.items() if entry[0] < horizon]:
-                del self.repins[rid]
+        horizon = time.monotonic() - self.config.lifecycle.state_ttl_s
+        for kept in (self.repins, self.finished):  # oldest first: stop at the first young one
+            while kept:
+                rid, entry = next(iter(kept.items()))
+                if entry[0] >= horizon:
+                    break
+                del kept[rid]
 
     def load(self) -> DecodeLoad:
         return DecodeLoad(

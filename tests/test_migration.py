@@ -2,9 +2,9 @@
 the SIGKILL (or a SIGSTOP past the liveness timeout, then SIGCONT) of any one worker, and ends with
 exactly the text and tokens of an undisturbed run: nothing lost, nothing repeated, in order.
 
-The kill lands for sure mid-stream: every request asks for more tokens than it can make before the
-test sees them all flowing, and (for prefill) some requests are still queued behind a slow prefill
-when it dies. The fake engine's arithmetic is deterministic, so 'undisturbed' is worked out by hand
+The kill lands for sure mid-stream: the worker is frozen (SIGSTOP) first, with every stream under
+way (for the prefill worker: with every request in its queue), so that none can end before it
+dies. The fake engine's arithmetic is deterministic, so 'undisturbed' is worked out by hand
 (expected_fake_tokens); a resumed prefill samples exactly as the decode step would have.
 """
 
@@ -31,18 +31,18 @@ def _prompts(tok, n: int) -> list[list[int]]:
 
 
 async def _kill_mid_stream(core, stack, role: str, how: str, prompts, tok) -> None:
+    """Submit the streams and take `role`'s worker down with each of them certainly in flight."""
     params = RequestParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    handles = [await core.submit(p, params) for p in prompts]
-    if role == "prefill":  # some streams flowing, some still queued at the prefill worker
-        await wait_for(lambda: any(h.completion_tokens for h in handles), 60, "a first token")
-        assert any(not h.completion_tokens for h in handles), "no request left in prefill"
-    else:
-        await wait_for(lambda: all(h.completion_tokens >= 2 for h in handles), 60, "streams")
     victim = stack.children[(role, 0)].popen
+    if role == "prefill":  # every request waits in the frozen prefill worker's queue
+        victim.send_signal(signal.SIGSTOP)
+        handles = [await core.submit(p, params) for p in prompts]
+    else:  # every stream under way, then frozen where it is: none can end before the kill
+        handles = [await core.submit(p, params) for p in prompts]
+        await wait_for(lambda: all(h.completion_tokens >= 2 for h in handles), 60, "streams")
+        victim.send_signal(signal.SIGSTOP)
     if how == "kill":
         stack.kill(role, 0)
-    else:
-        victim.send_signal(signal.SIGSTOP)
     try:
         # the router notices (heartbeats stop) and moves what depended on the worker
         await wait_for(lambda: core.workers.get(role, 0).state == "dead", 30, f"{role} dead")
@@ -52,14 +52,14 @@ async def _kill_mid_stream(core, stack, role: str, how: str, prompts, tok) -> No
     if how == "kill":
         stack.restart(role, 0)
     results = await asyncio.wait_for(asyncio.gather(*(h.finished() for h in handles)), 120)
-    moved = 0
     for prompt, handle, (text, result) in zip(prompts, handles, results, strict=True):
         tokens, _ = expected_fake_tokens(prompt, tok.vocab_size, MAX_TOKENS, ignore_eos=True)
         assert result.finish_reason.api == "length", (handle.request_id, result)
         assert list(handle.token_ids) == tokens, handle.request_id
         assert text == tok.decode(tokens, skip_special_tokens=True), handle.request_id
-        moved += handle.migrations
-    assert moved, "no request depended on the worker"
+        if role != "detok" or handle.migrations:  # a detok worker holds only its own streams
+            assert handle.migrations == 1, handle.request_id
+    assert any(h.migrations for h in handles)
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
@@ -71,7 +71,6 @@ def test_every_stream_survives_one_worker(tokenizer_512, role, how):
         model={
             "num_slots": STREAMS,
             "fake_step_s": 0.02,
-            "fake_prefill_s": 0.05 if role == "prefill" else 0.0,
         },
         router={"max_running": STREAMS},
     )
