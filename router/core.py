@@ -79,7 +79,7 @@ class RouterCore:
         self.counters = TransportCounters()
         self.workers = WorkerTable(config.addresses, config.lifecycle.liveness_timeout_s)
         self.requests = RequestTable(config.lifecycle.state_ttl_s)
-        self.placement = Placement(self.workers, config.slots_of)
+        self.placement = Placement(self.workers, config.slots_of, config.router.placement)
         self.admission = AdmissionController(
             config.router, config.total_slots, lambda: self.requests, self._timings,
             lambda reason: self.metrics.rejected.labels(reason).inc(),

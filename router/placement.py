@@ -12,7 +12,9 @@ and stamped on it; later hops read the stamps and never choose.
   own heartbeat cannot see yet. Workers with more slots take proportionally more, and a full one
   is never chosen over one with room.
 Both loads are the router's own count of what it has placed, exact at every admission; the
-heartbeats (slots, liveness) say who may be chosen. Ties go round-robin.
+heartbeats (slots, liveness) say who may be chosen. Ties go round-robin. The policy "round_robin"
+(router.placement) ignores load and takes the live workers in turn: the baseline the benchmark
+(splitserve/bench/scaleout.py) measures the load policy against.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class NoLiveWorker(LookupError):
 
 
 class Placement:
-    def __init__(self, workers: WorkerTable, slots_of):
+    def __init__(self, workers: WorkerTable, slots_of, policy: str = "load"):
         self.workers = workers
+        self.by_load = policy == "load"
         self.slots_of = slots_of  # decode index -> its slots
         self.ring = HashRing([])
         self.prefill_tokens: dict[int, int] = {}  # prompt tokens placed and not yet prefilled
@@ -97,7 +100,10 @@ class Placement:
             raise NoLiveWorker(f"no live {role} worker")
         turn = next(self._turns[role])
         # the lowest load; among equals, the next one in turn
-        return min(live, key=lambda i: (load(i), (i - turn) % (max(live) + 1)))
+        in_turn = lambda i: (i - turn) % (max(live) + 1)  # noqa: E731
+        if not self.by_load:
+            return min(live, key=in_turn)
+        return min(live, key=lambda i: (load(i), in_turn(i)))
 
 
 def _prefill_tokens(handle: RequestHandle) -> int:

@@ -89,6 +89,9 @@ class RouterConfig:
     # many times, and waits at most migration_timeout_s for a live worker to take it
     max_migrations: int = 3
     migration_timeout_s: float = 120.0
+    # how the router picks prefill and decode workers (router/placement.py): "load" (fewest
+    # prompt tokens queued; most free slots), or "round_robin" (a baseline for benchmarks)
+    placement: str = "load"
     api_key: str = ""
     model_name: str = ""  # name served in /v1/models; derived from the model path when empty
     # Client connections (router/http/connections.py). A request's headers must be complete within
@@ -258,6 +261,8 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     ahead = router.admit_ahead_tokens
     if ahead != "auto" and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
         raise ValueError('[router] admit_ahead_tokens must be "auto" or a count >= 0')
+    if router.placement not in ("load", "round_robin"):
+        raise ValueError('[router] placement must be "load" or "round_robin"')
     if router.max_running < 1 or router.max_queued < 0:
         raise ValueError("[router] needs max_running >= 1 and max_queued >= 0")
     check_connection_limits(router)
