@@ -24,6 +24,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer path when the model has none of its own")
     p.add_argument("--engine", choices=["jax", "fake"])
     p.add_argument("--mode", choices=["processes", "threads"])
+    p.add_argument("--prefill-workers", type=int, help="prefill workers (P of xPyD)")
+    p.add_argument("--decode-workers", type=int, help="decode workers (D of xPyD)")
     p.add_argument("--detok-workers", type=int)
     p.add_argument("--slots", type=int, help="decode slots (batch size)")
     p.add_argument("--max-seq-len", type=int)
@@ -44,7 +46,12 @@ def config_from_args(args: argparse.Namespace):
                 "num_slots": args.slots,
                 "max_seq_len": args.max_seq_len,
             },
-            "cluster": {"mode": args.mode, "detok_workers": args.detok_workers},
+            "cluster": {
+                "mode": args.mode,
+                "prefill_workers": args.prefill_workers,
+                "decode_workers": args.decode_workers,
+                "detok_workers": args.detok_workers,
+            },
             "router": {"host": args.host, "port": args.port, "api_key": args.api_key},
         },
     )

@@ -136,3 +136,29 @@ def test_one_decode_worker_dies_only_its_requests_move_and_it_rejoins(tokenizer_
             assert _shares(again) == {0: 4, 1: 4}  # back to two decode workers
 
     run(body(), timeout_s=240)
+
+
+def test_serve_starts_p_prefill_and_d_decode_workers(tokenizer_512):
+    import subprocess
+    import sys
+
+    import httpx
+
+    from splitserve.launch.ports import free_port
+    from tests.http_stack import wait_healthy
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "splitserve", "serve", "--engine", "fake", "--tokenizer",
+           tokenizer_512, "--port", str(port), "--prefill-workers", "2", "--decode-workers", "3"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 120)
+        workers = httpx.get(f"{url}/health", timeout=10).json()["workers"]
+        ready = collections.Counter(w["role"] for w in workers if w["state"] == "ready")
+        assert ready == {"prefill": 2, "decode": 3, "detok": 2}
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 5}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
