@@ -40,6 +40,7 @@ from router.metrics import RouterMetrics
 from router.migration import Migrator
 from router.params import MAX_SEED, validate
 from router.placement import NoLiveWorker, Placement
+from router.prefix_affinity import PrefixAffinity
 from router.request_table import RequestTable
 from router.requests import InvalidRequest, NotReady, RequestHandle, RequestParams
 from router.workers import MAX_DETOK_WORKERS, WorkerState, WorkerTable
@@ -79,7 +80,12 @@ class RouterCore:
         self.counters = TransportCounters()
         self.workers = WorkerTable(config.addresses, config.lifecycle.liveness_timeout_s)
         self.requests = RequestTable(config.lifecycle.state_ttl_s)
-        self.placement = Placement(self.workers, config.slots_of, config.router.placement)
+        affinity = None
+        if config.model.prefix_cache and config.count("prefill") > 1:
+            affinity = PrefixAffinity(config.model.prefix_block_tokens)
+        self.placement = Placement(
+            self.workers, config.slots_of, config.router.placement, affinity
+        )
         self.admission = AdmissionController(
             config.router, config.total_slots, lambda: self.requests, self._timings,
             lambda reason: self.metrics.rejected.labels(reason).inc(),
@@ -252,7 +258,7 @@ class RouterCore:
             unstamped.request_id, len(unstamped.prompt), params, submitted, now,
             deadline=now + self.config.router.request_timeout_s, last_progress=now,
         )  # fmt: skip
-        self.placement.place(handle, epoch=0)
+        self.placement.place(handle, epoch=0, prompt=unstamped.prompt)
         stamp = handle.stamp
         handle.message = dataclasses.replace(
             unstamped, decode_index=stamp.decode, detok_index=stamp.detok

@@ -55,6 +55,7 @@ class Migrator:
 
     def worker_lost(self, w: WorkerState) -> None:
         """Move every request that depended on worker w."""
+        self.placement.worker_lost(w.role, w.index)
         self.placement.refresh()  # the ring without w, if w is gone
         for handle in self.requests.handles():
             stamp = handle.stamp
@@ -109,7 +110,7 @@ class Migrator:
         """Place the request anew and prefill it again from what the client has had."""
         message = handle.message
         try:
-            self.placement.place(handle, epoch)
+            self.placement.place(handle, epoch, [*message.prompt, *handle.token_ids])
         except NoLiveWorker:
             self.wait(handle, epoch)
             return

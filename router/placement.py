@@ -3,9 +3,13 @@ and stamped on it; later hops read the stamps and never choose.
 
 - Detok worker: the hash ring over the live detok workers, by request id (splitserve.hashring),
   so that the choice is stable and spreads evenly; a ring change moves only ~1/N of new requests.
-- Prefill worker: the live one with the fewest prompt tokens still to prefill. Time to first
-  token is queueing behind other prompts, and a prompt's cost follows its tokens, so fewest
-  tokens ahead is the shortest wait.
+- Prefill worker: the live one with the least prefill work ahead of the prompt's first token:
+  the prompt tokens already placed there and not yet prefilled, plus this prompt's tokens less
+  those the worker likely has cached (router/prefix_affinity.py, when prefix caching is on).
+  Time to first token is queueing behind other prompts, and a prompt's cost follows the tokens
+  it computes, so the least work is the shortest wait; a worker whose queue grows past what its
+  cached prefix saves stops being chosen, so one hot prefix cannot pile onto one worker (the
+  others cache it too as they take it).
 - Decode worker: the live one with the most free slots. A request holds a slot from its insert
   to its end, so a worker's room is its slots less the requests placed on it and not ended;
   room counts those still on their way (in prefill, prefix in flight), which a decode worker's
@@ -21,12 +25,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from router.prefix_affinity import PrefixAffinity
 from router.requests import RequestHandle
 from router.workers import WorkerTable
 from splitserve.hashring import HashRing
+from splitserve.prefix_blocks import block_keys, reusable_blocks
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +52,16 @@ class NoLiveWorker(LookupError):
 
 
 class Placement:
-    def __init__(self, workers: WorkerTable, slots_of, policy: str = "load"):
+    def __init__(
+        self,
+        workers: WorkerTable,
+        slots_of,
+        policy: str = "load",
+        affinity: PrefixAffinity | None = None,
+    ):
         self.workers = workers
         self.by_load = policy == "load"
+        self.affinity = affinity
         self.slots_of = slots_of  # decode index -> its slots
         self.ring = HashRing([])
         self.prefill_tokens: dict[int, int] = {}  # prompt tokens placed and not yet prefilled
@@ -67,15 +80,25 @@ class Placement:
             raise NoLiveWorker("no live detok worker")
         return self.ring.lookup(request_id)
 
-    def place(self, handle: RequestHandle, epoch: int) -> None:
+    def place(self, handle: RequestHandle, epoch: int, prompt: Sequence[int] = ()) -> None:
         """Choose the request's three workers, stamp them on it and count it on prefill and
-        decode; NoLiveWorker when a role has none (the handle is left as it was)."""
-        prefill = self._least("prefill", lambda p: self.prefill_tokens.get(p, 0))
+        decode; NoLiveWorker when a role has none (the handle is left as it was). `prompt`: what
+        its prefill will run (for prefix affinity)."""
+        tokens = _prefill_tokens(handle)
+        keys: list[bytes] = []
+        if self.affinity is not None and prompt:
+            keys = block_keys(prompt, self.affinity.block_tokens,
+                              reusable_blocks(len(prompt), self.affinity.block_tokens))  # fmt: skip
+        cached = (lambda p: self.affinity.cached_tokens(keys, p)) if keys else (lambda p: 0)
+        prefill = self._least(
+            "prefill", lambda p: self.prefill_tokens.get(p, 0) + tokens - cached(p)
+        )
         decode = self._least(
             "decode", lambda d: self.decode_requests.get(d, 0) - self.slots_of(d)
         )
         handle.stamp = Stamp(epoch, prefill, decode, self.detok_for(handle.request_id))
-        tokens = _prefill_tokens(handle)
+        if keys:
+            self.affinity.record(keys, prefill)
         self.prefill_tokens[prefill] = self.prefill_tokens.get(prefill, 0) + tokens
         self.decode_requests[decode] = self.decode_requests.get(decode, 0) + 1
         handle.placed = True
@@ -93,6 +116,11 @@ class Placement:
             self.prefilled(handle)
             self.decode_requests[handle.stamp.decode] -= 1
             handle.placed = False
+
+    def worker_lost(self, role: str, index: int) -> None:
+        """A worker died or restarted: what it held is gone (its prefix cache too)."""
+        if role == "prefill" and self.affinity is not None:
+            self.affinity.forget_worker(index)
 
     def _least(self, role: str, load: Callable[[int], int]) -> int:
         live = self.workers.live(role)

@@ -65,6 +65,12 @@ class ModelConfig:
     # XLA intra-op threads of the decode engine's process (0: one per CPU). The prefill engine
     # always uses every CPU: its work comes in bursts that should finish fast.
     cpu_threads: int = 0
+    # prefix reuse (splitserve/prefix_cache.py): the prefill worker keeps KV blocks of
+    # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its
+    # longest cached block run does not cover
+    prefix_cache: bool = True
+    prefix_cache_mb: int = 256
+    prefix_block_tokens: int = 16
     # fake engine only: seconds each decode step and each prefill take (simulated compute)
     fake_step_s: float = 0.0
     fake_prefill_s: float = 0.0
