@@ -131,9 +131,9 @@ def test_on_curve_a_process_without_the_keys_or_of_another_role_changes_nothing(
             for sock in (plain, strange, prefill, detok_other):
                 send_all(sock, forged["text"] + forged["failed"] + forged["heartbeat"])
             send_all(plain_to_detok, forged["tokens"])
-            # the keyed ones get in, and are dropped by name: wait until they were seen
+            # the keyed ones get in, and are dropped by name: wait until they were seen (the
+            # unkeyed ones never complete a handshake; the stream has over a hundred tokens to go)
             await wait_for(lambda: core_of[0].counters.malformed >= 3, 30, "forged ones dropped")
-            await asyncio.sleep(0.3)  # the unkeyed ones had as long to get through
 
     core_of: list = []
 
