@@ -105,6 +105,19 @@ async def stream_exactly(core, tok, prompt, forge) -> tuple:
     return handle, result
 
 
+def serve_and_forge(config, tok, prompt: str, forge, core_of: list) -> None:
+    """A pipeline (its core appended to core_of for forge), one request forged at mid-stream
+    and checked exact, and no worker taken for restarted."""
+
+    async def body():
+        async with pipeline(config) as (core, _):
+            core_of.append(core)
+            await stream_exactly(core, tok, tok.encode(prompt), forge)
+            assert all(w.restarts == 0 for w in core.workers.workers.values())
+
+    run(body())
+
+
 def test_on_curve_a_process_without_the_keys_or_of_another_role_changes_nothing(
     tokenizer_512, tmp_path
 ):
@@ -136,14 +149,7 @@ def test_on_curve_a_process_without_the_keys_or_of_another_role_changes_nothing(
             await wait_for(lambda: core_of[0].counters.malformed >= 3, 30, "forged ones dropped")
 
     core_of: list = []
-
-    async def body():
-        async with pipeline(config) as (core, _):
-            core_of.append(core)
-            await stream_exactly(core, tok, tok.encode("a request to forge"), forge)
-            assert all(w.restarts == 0 for w in core.workers.workers.values())
-
-    run(body())
+    serve_and_forge(config, tok, "a request to forge", forge, core_of)
 
 
 def test_a_forged_heartbeat_with_another_pid_is_no_restart(tokenizer_512):
@@ -162,14 +168,7 @@ def test_a_forged_heartbeat_with_another_pid_is_no_restart(tokenizer_512):
             await wait_for(lambda: decode.foreign >= 1, 30, "the forged heartbeat seen")
 
     core_of: list = []
-
-    async def body():
-        async with pipeline(config) as (core, _):
-            core_of.append(core)
-            await stream_exactly(core, tok, tok.encode("a heartbeat to forge"), forge)
-            assert all(w.restarts == 0 for w in core.workers.workers.values())
-
-    run(body())
+    serve_and_forge(config, tok, "a heartbeat to forge", forge, core_of)
 
 
 FORGER = r"""

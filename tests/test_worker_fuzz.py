@@ -34,13 +34,13 @@ from splitserve.protocol import (
     StopCriteria,
     TextBatch,
     TokenBatch,
-    TransportCounters,
 )
 from splitserve.tokenizers import load_tokenizer
 from splitserve.transport import Receiver
 from splitserve.worker import pool_problem
 from tests.pipeline_util import expected_fake_tokens, make_config
 from tests.test_protocol_fuzz import broken_frames
+from tests.test_worker_shell import stand_in_peers
 from tests.wire_strategies import BY_TYPE
 
 VOCAB = 512
@@ -58,13 +58,7 @@ def worker_of(cls, tokenizer: str) -> Iterator[tuple]:
     config = make_config(tokenizer, "threads", model={"num_slots": 4})
     ctx = zmq.Context()
     try:
-        a = config.addresses
-        ends = {"router": a.router, **{f"detok{i}": e for i, e in enumerate(a.detok)}}
-        if cls is not DecodeWorker:
-            ends["decode"] = a.decode[0]
-        if cls is DetokWorker:
-            del ends["detok0"]  # the worker's own address
-        peers = {name: Receiver(ctx, end, TransportCounters()) for name, end in ends.items()}
+        peers = stand_in_peers(ctx, config, cls)
         yield cls(config, 0, ctx, threading.Event(), {}), peers
     finally:
         ctx.destroy(linger=0)
