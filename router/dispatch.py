@@ -96,7 +96,8 @@ class MessageDispatch:
             if handle is None:
                 continue  # already ended here (aborted, failed): late output is dropped
             if sender is not None and handle.stamp.detok != sender[1]:
-                self._forged(msg, peer, f"{d.request_id} is placed on detok {handle.stamp.detok}")
+                # not its detok worker now: one it was moved away from (late), or a forgery
+                self.stale_deltas += 1
                 continue
             if d.epoch != handle.epoch or d.start_seq != handle.completion_tokens:
                 self.stale_deltas += 1
@@ -128,6 +129,5 @@ class MessageDispatch:
             if handle is None or handle.epoch != epoch:
                 continue
             if sender is not None and getattr(handle.stamp, msg.role) != sender[1]:
-                self._forged(msg, peer, f"{rid} is not placed on it")
-                continue
+                continue  # a worker it was moved away from (late), or a forgery: not its own
             self.end(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}")
