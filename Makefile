@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint install clean
+.PHONY: serve test lint install clean deploy-configs
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# the shipped supervisord configs, generated from the shipped cluster files (a test checks them)
+deploy-configs: $(STAMP)
+	$(VENV)/bin/splitserve deploy supervisord deploy/one-host.toml
+	$(VENV)/bin/splitserve deploy supervisord --host prefill-host deploy/two-hosts.toml
+	$(VENV)/bin/splitserve deploy supervisord --host decode-host deploy/two-hosts.toml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
+from decode_worker.prefix_check import prefix_problem
 from decode_worker.slots import Slot, SlotTable
 from splitserve import protocol
 from splitserve.engine.interface import Prefix
@@ -112,6 +113,11 @@ class DecodeWorker(WorkerLoop):
             self.release(rid, held.epoch)  # the request moved on: its older slot is stale
         if self.detok(header.detok_index) is None:
             self.fail([rid], [header.epoch], f"detok index {header.detok_index} not in the pool")
+            return
+        problem = prefix_problem(header, frames, self.engine)
+        if problem is not None:
+            self.failed_inserts += 1
+            self.fail([rid], [header.epoch], f"cannot insert prefix: {problem}")
             return
         if len(self.pending) >= self.max_pending:
             self.fail([rid], [header.epoch], "decode worker overloaded: pending queue full")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -38,8 +39,9 @@ from router.core import RouterCore
 from router.http import build_app
 from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
 from splitserve.config import ClusterConfig, load_config
-from splitserve.procutil import die_with_parent, freeze_startup_objects, pin_cpus
+from splitserve.procutil import API_KEY_ENV, die_with_parent, freeze_startup_objects, pin_cpus
 from splitserve.role_main import configure_logging
+from splitserve.run_dirs import ensure_private_dir
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
 
@@ -124,6 +126,15 @@ async def serve(
         await core.close()
 
 
+def with_api_key_from_env(config: ClusterConfig, environ: dict[str, str]) -> ClusterConfig:
+    """The API key comes from the cluster file's api_key_file or from SPLITSERVE_API_KEY (which
+    wins), never from a command line: /proc/PID/cmdline is readable by every local user."""
+    key = environ.get(API_KEY_ENV, "")
+    if not key:
+        return config
+    return dataclasses.replace(config, router=dataclasses.replace(config.router, api_key=key))
+
+
 def main(argv: list[str] | None = None, serve_fn=serve) -> int:
     """serve_fn(config, tokenizer): the coroutine that serves; threads mode's starts the workers."""
     p = argparse.ArgumentParser(prog="python -m router", description="splitserve router")
@@ -135,7 +146,9 @@ def main(argv: list[str] | None = None, serve_fn=serve) -> int:
     die_with_parent(os.environ)
     pin_cpus(os.environ)
     try:
-        config = load_config(args.config)
+        config = with_api_key_from_env(load_config(args.config), os.environ)
+        if config.run_dir:
+            ensure_private_dir(config.run_dir)
         tokenizer = load_tokenizer(tokenizer_path(config.model))
     except (OSError, ValueError, KeyError) as exc:
         log.error("cannot start: %s", exc)

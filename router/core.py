@@ -112,7 +112,7 @@ class RouterCore:
     async def start(self) -> None:
         self.links = WorkerLinks(
             self.ctx, self.config.addresses, self.counters,
-            max_message_bytes("router", self.config),
+            max_message_bytes("router", self.config), self.config.security.keys_dir,
         )  # fmt: skip
         self._ready_event = asyncio.Event()
         self._detok_pool = self.workers.detok_endpoints()

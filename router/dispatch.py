@@ -8,6 +8,11 @@
   a worker seen with a new pid restarted, and what depended on it is lost.
 - RequestFailed (any worker): those requests (at their current epoch) end with an error that
   names the worker's reason.
+
+With CURVE, each message comes with its sender's authenticated process name (`detok-1`): a
+Ready or Heartbeat counts only from the worker it names, a delta only from the detok worker the
+request is placed on, a failure only from the request's worker of that role; anything else is
+counted as forged and dropped. Without it (ipc, inproc) the sockets' permissions are the boundary.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from splitserve.protocol import (
     TextBatch,
     TransportCounters,
 )
+from splitserve.security import parse_process_name, process_name
 
 log = logging.getLogger(__name__)
 
@@ -57,27 +63,42 @@ class MessageDispatch:
         self.workers_changed = workers_changed
         self.prefilled = prefilled
         self.stale_deltas = 0  # of an older epoch, or not where the client's text is
-        self.handlers: dict[type, Callable[[Any], None]] = {
+        self.forged = 0  # from an authenticated process that is not the one the message names
+        self.handlers: dict[type, Callable[[Any, str | None], None]] = {
             TextBatch: self.text_batch,
             Ready: self.worker_status,
             Heartbeat: self.worker_status,
             RequestFailed: self.request_failed,
         }
 
-    def __call__(self, msg: Any) -> None:
+    def __call__(self, msg: Any, peer: str | None = None) -> None:
+        """peer: the sender's authenticated process name (CURVE), or None."""
         handler = self.handlers.get(type(msg))
         if handler is None:
             self.counters.malformed += 1
             log.warning("router: unexpected %s", type(msg).__name__)
             return
-        handler(msg)
+        handler(msg, peer)
 
-    def text_batch(self, msg: TextBatch) -> None:
+    def _forged(self, msg: Any, peer: str, what: str) -> None:
+        self.forged += 1
+        self.counters.malformed += 1
+        log.warning("router: dropped a %s from %s: %s", type(msg).__name__, peer, what)
+
+    def text_batch(self, msg: TextBatch, peer: str | None = None) -> None:
         now = time.monotonic()
+        sender = parse_process_name(peer) if peer is not None else None
+        if peer is not None and (sender is None or sender[0] != "detok"):
+            self._forged(msg, peer, "text comes from detok workers")
+            return
         for d in msg.deltas:
             handle = self.requests.get(d.request_id)
             if handle is None:
                 continue  # already ended here (aborted, failed): late output is dropped
+            if sender is not None and handle.stamp.detok != sender[1]:
+                # not its detok worker now: one it was moved away from (late), or a forgery
+                self.stale_deltas += 1
+                continue
             if d.epoch != handle.epoch or d.start_seq != handle.completion_tokens:
                 self.stale_deltas += 1
                 continue
@@ -89,14 +110,24 @@ class MessageDispatch:
                 self.end(handle, d.finish_reason, "")
         self.requests_moved()
 
-    def worker_status(self, msg: Ready | Heartbeat) -> None:
+    def worker_status(self, msg: Ready | Heartbeat, peer: str | None = None) -> None:
+        if peer is not None and peer != process_name(msg.role, msg.index):
+            self._forged(msg, peer, f"it names {msg.role}[{msg.index}]")
+            return
         worker, lost = self.workers.observe(msg)
         if worker is not None and lost:
             self.worker_lost(worker)
         self.workers_changed(worker if isinstance(msg, Ready) else None)
 
-    def request_failed(self, msg: RequestFailed) -> None:
+    def request_failed(self, msg: RequestFailed, peer: str | None = None) -> None:
+        sender = parse_process_name(peer) if peer is not None else None
+        if peer is not None and (sender is None or sender[0] != msg.role):
+            self._forged(msg, peer, f"it names the {msg.role} role")
+            return
         for rid, epoch in zip(msg.request_ids, msg.epochs, strict=False):
             handle = self.requests.get(rid)
-            if handle is not None and handle.epoch == epoch:
-                self.end(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}")
+            if handle is None or handle.epoch != epoch:
+                continue
+            if sender is not None and getattr(handle.stamp, msg.role) != sender[1]:
+                continue  # a worker it was moved away from (late), or a forgery: not its own
+            self.end(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}")

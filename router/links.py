@@ -17,6 +17,7 @@ import zmq
 from router.placement import Stamp
 from splitserve.config import WORKER_ROLES, Addresses
 from splitserve.protocol import Abort, TransportCounters
+from splitserve.security import curve_client, curve_server
 from splitserve.transport import Receiver, Sender
 
 log = logging.getLogger(__name__)
@@ -27,17 +28,20 @@ READ_BATCH = 256  # worker messages handled per pass of the event loop
 class WorkerLinks:
     def __init__(
         self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters,
-        max_message_bytes: int = -1,
+        max_message_bytes: int = -1, keys_dir: str = "",
     ):  # fmt: skip
+        """keys_dir: the cluster's CURVE keys ([security]): tcp links then use them."""
         self.ctx = ctx
         self.counters = counters
-        self.receiver = Receiver(ctx, addresses.router, counters, max_message_bytes)
+        self.keys_dir = keys_dir
+        curve = curve_server(keys_dir, addresses.router, "router", 0)
+        self.receiver = Receiver(ctx, addresses.router, counters, max_message_bytes, curve)
         self.senders: dict[tuple[str, int], Sender] = {}
         for role in WORKER_ROLES:
             for index, endpoint in enumerate(addresses.of(role)):
                 self.connect(role, index, endpoint)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_message: Callable[[Any], None] | None = None
+        self._on_message: Callable[[Any, str | None], None] | None = None
         # (role, index) -> [(request id, epoch)] to abort at the end of this event-loop turn
         self._pending_aborts: dict[tuple[str, int], list[tuple[str, int]]] = {}
 
@@ -48,7 +52,8 @@ class WorkerLinks:
             if old.endpoint == endpoint:
                 return
             old.close()
-        self.senders[(role, index)] = Sender(self.ctx, endpoint, self.counters)
+        curve = curve_client(self.keys_dir, endpoint, ("router", 0), (role, index))
+        self.senders[(role, index)] = Sender(self.ctx, endpoint, self.counters, curve)
 
     def send(self, role: str, index: int, msg: Any) -> bool:
         """Send without blocking; False when dropped (the worker is slow, gone or unknown)."""
@@ -64,8 +69,9 @@ class WorkerLinks:
                 self.send(role, index, msg)
 
     # ---- receiving ----
-    def start_reading(self, on_message: Callable[[Any], None]) -> None:
-        """Hand every message that arrives to on_message, on the running event loop."""
+    def start_reading(self, on_message: Callable[[Any, str | None], None]) -> None:
+        """Hand every message that arrives to on_message(message, its sender's authenticated
+        name or None), on the running event loop."""
         self._loop = asyncio.get_running_loop()
         self._on_message = on_message
         self._loop.add_reader(self.receiver.socket.getsockopt(zmq.FD), self._on_readable)
@@ -78,9 +84,9 @@ class WorkerLinks:
         The descriptor only says that the socket's state may have changed; reading until no
         message waits (Receiver.pending) is what re-arms it.
         """
-        for msg, _ in self.receiver.drain(READ_BATCH):
+        for msg, _, peer in self.receiver.drain_from(READ_BATCH):
             try:
-                self._on_message(msg)
+                self._on_message(msg, peer)
             except Exception:  # a bug must not stop the router from reading its workers
                 log.exception("router: failed to handle %s", type(msg).__name__)
         if self.receiver.pending():

@@ -1,8 +1,14 @@
 """The router's view of its workers: who is ready, who is alive, and their load figures.
 
 A worker is ready after a Ready (or a heartbeat naming this protocol version, for a router that
-restarted after its workers) and dead after liveness_timeout_s without a heartbeat. A new pid for a
-known role and index means the worker restarted: everything that depended on it is lost.
+restarted after its workers) and dead after liveness_timeout_s without a heartbeat. Each run of a
+worker has its own random incarnation, in its Ready and every heartbeat: a Ready of a new
+incarnation for a known role and index means the worker restarted, and everything that depended
+on it is lost. A heartbeat of another incarnation than a live worker's is ignored: it is no
+restart (a forged one used to end, and would now move, every stream of the worker). A restart
+whose Ready was lost is seen once the old incarnation's heartbeats stop (it dies, then the new
+incarnation's heartbeats make it ready). With CURVE, dispatch has already checked that the
+message came from that worker's own key.
 
 The prefill and decode workers are the cluster file's; the detok pool may grow while serving: a
 detok worker of a new index joins when it reports Ready (its endpoint in the Ready), and one
@@ -42,6 +48,9 @@ class WorkerState:
     heartbeat: Heartbeat | None = None  # the latest
     restarts: int = 0
     removed: bool = False  # a detok worker the operator took out of the pool (it may still run)
+    incarnation: str = ""  # of the run the router knows (protocol.Ready)
+    foreign: int = 0  # heartbeats of another incarnation, ignored
+    foreign_logged_at: float = -float("inf")
 
     @property
     def load(self) -> PrefillLoad | DecodeLoad | DetokLoad | None:
@@ -81,6 +90,7 @@ class WorkerState:
 
 
 MAX_DETOK_WORKERS = 256  # the most the detok pool may grow to
+FOREIGN_LOG_S = 10.0  # ignored heartbeats are logged at most this often per worker
 
 
 class WorkerTable:
@@ -105,7 +115,7 @@ class WorkerTable:
     def observe(self, msg: Ready | Heartbeat) -> tuple[WorkerState | None, bool]:
         """Record a Ready or Heartbeat. Returns (worker, lost): lost if a ready worker restarted."""
         w = self.workers.get((msg.role, msg.index))
-        if w is not None and w.removed and isinstance(msg, Ready) and msg.pid != w.pid:
+        if w is not None and w.removed and isinstance(msg, Ready) and msg.incarnation != w.incarnation:
             w.removed = False  # started again: the operator grew the pool back
         if w is None and msg.role == "detok" and isinstance(msg, Ready):
             if 0 <= msg.index < MAX_DETOK_WORKERS and msg.info.endpoint:
@@ -126,11 +136,17 @@ class WorkerTable:
                 )
             w.state = "refused"
             return w, False
-        restarted = w.pid != 0 and w.pid != msg.pid
-        lost = restarted and w.state == "ready"  # what it held is gone (else lost at its death)
-        if restarted:
-            w.restarts += 1
-            log.warning("%s[%d] restarted (pid %d -> %d)", w.role, w.index, w.pid, msg.pid)
+        lost = False
+        if msg.incarnation != w.incarnation:
+            if isinstance(msg, Heartbeat) and w.state == "ready" and w.incarnation:
+                self._ignore_foreign(w, msg)
+                return None, False
+            restarted = bool(w.incarnation)  # a run before this one said Ready
+            lost = restarted and w.state == "ready"  # what it held is gone (else lost at its death)
+            if restarted:
+                w.restarts += 1
+                log.warning("%s[%d] restarted (pid %d -> %d)", w.role, w.index, w.pid, msg.pid)
+            w.incarnation = msg.incarnation
         if w.state != "ready":
             log.info("%s[%d] ready (pid %d)", w.role, w.index, msg.pid)
         w.state = "ready"
@@ -141,6 +157,15 @@ class WorkerTable:
         else:
             w.heartbeat = msg
         return w, lost
+
+    @staticmethod
+    def _ignore_foreign(w: WorkerState, msg: Heartbeat) -> None:
+        w.foreign += 1
+        now = time.monotonic()
+        if now - w.foreign_logged_at >= FOREIGN_LOG_S:
+            w.foreign_logged_at = now
+            log.warning("%s[%d]: ignored a heartbeat of another incarnation (pid %d; %d in all): "
+                        "not the worker that said Ready", w.role, w.index, msg.pid, w.foreign)
 
     def expire(self) -> list[WorkerState]:
         """Mark silent workers dead; returns those that just died."""

@@ -1,4 +1,6 @@
-"""The `splitserve` command: `serve` starts a whole local stack, `bench` measures an endpoint.
+"""The `splitserve` command: `serve` starts a whole local stack, `bench` measures an endpoint,
+`keys generate` makes the cluster's CURVE keys, `deploy supervisord` writes a host's supervisord
+config from the cluster file.
 
 `splitserve serve` is what `make serve` runs. A request's path through the stack it starts:
  1. router: HTTP request -> tokens -> admission -> hash ring picks detok worker k -> prefill.
@@ -15,7 +17,12 @@ import logging
 import os
 import sys
 
-from splitserve.config import load_config
+from splitserve import run_dirs
+from splitserve.config import check_private, load_config
+from splitserve.deploy.commands import add_deploy_parser
+from splitserve.keys_command import add_keys_parser
+from splitserve.procutil import API_KEY_ENV
+from splitserve.secret_files import read_secret_file
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -31,11 +38,30 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int)
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument("--api-key", default=os.environ.get("SPLITSERVE_API_KEY"))
+    add_api_key_args(p)
     p.add_argument("--ready-timeout", type=float, default=900.0)
 
 
-def config_from_args(args: argparse.Namespace):
+def add_api_key_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key-file", help="a file (0600) holding the API key clients must send; "
+                   f"or set {API_KEY_ENV}")  # fmt: skip
+    # refused with a reason: a key on a command line is readable in /proc/PID/cmdline
+    p.add_argument("--api-key", help=argparse.SUPPRESS)
+
+
+def api_key_from(args: argparse.Namespace, environ: dict[str, str]) -> str | None:
+    """The API key, from --api-key-file or the environment; never from the command line."""
+    if args.api_key is not None:
+        raise SystemExit(f"splitserve: --api-key is gone (every local user can read a command "
+                         f"line): use --api-key-file FILE or {API_KEY_ENV}")  # fmt: skip
+    if args.api_key_file:
+        check_private(args.api_key_file, "--api-key-file")
+        return read_secret_file(args.api_key_file)
+    return environ.get(API_KEY_ENV) or None
+
+
+def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
+    """fresh_run_dir: makes the run directory when the file names none (serve's own)."""
     return load_config(
         args.config,
         {
@@ -52,9 +78,12 @@ def config_from_args(args: argparse.Namespace):
                 "decode_workers": args.decode_workers,
                 "detok_workers": args.detok_workers,
             },
-            "router": {"host": args.host, "port": args.port, "api_key": args.api_key},
+            "router": {
+                "host": args.host, "port": args.port, "api_key": api_key_from(args, os.environ),
+            },
         },
-    )
+        fresh_run_dir,
+    )  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -62,7 +91,13 @@ def serve(args: argparse.Namespace) -> int:
     from splitserve.launch.processes import ProcessStack
     from splitserve.launch.supervise import RestartWithBackoff, StopSignals, supervise
 
-    config = config_from_args(args)
+    made: list[str] = []  # the run directory made here, if the file names none: removed at the end
+
+    def make_run_dir() -> str:
+        made.append(run_dirs.create())
+        return made[-1]
+
+    config = config_from_args(args, make_run_dir)
     stop = StopSignals().install()
     stack = ProcessStack(config)  # in threads mode one process runs every role
     stack.start()
@@ -89,6 +124,8 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         print("splitserve: stopping ...", flush=True)
         stack.stop(timeout_s=config.lifecycle.drain_timeout_s + 10)
+        for path in made:
+            run_dirs.remove(path)
         print("splitserve: stopped", flush=True)
 
 
@@ -109,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_args(sub.add_parser("serve", help="start the whole local stack"))
     sub.add_parser("bench", help="benchmark an endpoint (splitserve bench --help)", add_help=False)
+    add_operator_commands(sub)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # the bench parses its own options
         from splitserve.bench.__main__ import main as bench_main
@@ -118,7 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s"
     )
+    if hasattr(args, "run"):  # keys, deploy
+        return args.run(args)
     return serve(args)
+
+
+def add_operator_commands(sub) -> None:
+    """`splitserve keys ...` and `splitserve deploy ...` (their own modules)."""
+    add_keys_parser(sub)
+    add_deploy_parser(sub)
 
 
 if __name__ == "__main__":

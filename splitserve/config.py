@@ -17,7 +17,9 @@ A cluster file (all sections optional):
     decode_workers = 1
     detok_workers = 2
     decode_slots = []           # slots per decode worker (default: model.num_slots each)
-    run_dir = ""                # where ipc sockets live; a fresh temp dir when empty
+    run_dir = ""                # where ipc sockets live (created 0700); needed by a role started
+                                # on its own (supervisord) without [addresses]: a launcher
+                                # (`splitserve serve`) makes a fresh one when empty
 
     [router]
     host = "127.0.0.1"
@@ -33,7 +35,13 @@ A cluster file (all sections optional):
     decode = ["tcp://10.0.0.2:5552", "tcp://10.0.0.3:5552"]
     detok = ["tcp://10.0.0.2:5560", "tcp://10.0.0.2:5561"]
 
-The worker counts come from the address lists when [addresses] is given.
+    [security]
+    keys_dir = "/etc/splitserve/keys"  # CURVE keys (`splitserve keys generate`): every tcp endpoint
+                                # is then encrypted and each peer authenticated; tcp on an address
+                                # other than loopback is refused without them
+
+The worker counts come from the address lists when [addresses] is given. The API key is never
+written in a cluster file handed to children: `api_key_file` (0600) or SPLITSERVE_API_KEY.
 """
 
 from __future__ import annotations
@@ -41,12 +49,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.endpoints import bind_address, parse_endpoint
+from splitserve.endpoints import bind_address, is_loopback, parse_endpoint
+from splitserve.secret_files import read_secret_file
 
 __all__ = ["bind_address"]  # the receivers' (splitserve/transport.py): kept importable from here
 
@@ -98,7 +107,8 @@ class RouterConfig:
     # how the router picks prefill and decode workers (router/placement.py): "load" (fewest
     # prompt tokens queued; most free slots), or "round_robin" (a baseline for benchmarks)
     placement: str = "load"
-    api_key: str = ""
+    api_key: str = ""  # the key itself, read from api_key_file (never written to a child's file)
+    api_key_file: str = ""  # a file holding the key, readable by its owner only (0600)
     model_name: str = ""  # name served in /v1/models; derived from the model path when empty
     # Client connections (router/http/connections.py). A request's headers must be complete within
     # header_timeout_s of the connection opening (or of its previous response), and its body may
@@ -134,10 +144,18 @@ class LifecycleConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    # a directory of CURVE keys (splitserve/security.py): `<name>.key` public, `<name>.key_secret`
+    # secret (0600), one pair per process (`router`, `prefill-0`, `decode-1`, `detok-0`, ...)
+    keys_dir: str = ""
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     addresses: Addresses | None = None
     mode: str = "processes"
     detok_workers: int = 2
@@ -178,6 +196,17 @@ class ClusterConfig:
             raise ValueError(f"no endpoint for {role} worker {index}: add it to [addresses] {role}")
         return f"{match.group(1)}{index}{match.group(2) or ''}"
 
+    def process_at(self, endpoint: str) -> tuple[str, int] | None:
+        """The process (role, index) whose receiver is at endpoint, None if none is."""
+        assert self.addresses is not None
+        if endpoint == self.addresses.router:
+            return ("router", 0)
+        for role in WORKER_ROLES:
+            for index, listed in enumerate(self.addresses.of(role)):
+                if listed == endpoint:
+                    return (role, index)
+        return None
+
     @property
     def total_slots(self) -> int:
         return sum(self.slots_of(d) for d in range(self.count("decode")))
@@ -214,19 +243,45 @@ def _endpoints(addr: dict[str, Any], role: str) -> tuple[str, ...]:
     return endpoints
 
 
-def load_config(path: str | None = None, overrides: dict[str, dict[str, Any]] | None = None):
-    """Read a TOML cluster file (optional) and apply per-section overrides (from flags)."""
+def load_config(
+    path: str | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    fresh_run_dir: Callable[[], str] | None = None,
+):
+    """Read a TOML cluster file (optional) and apply per-section overrides (from flags).
+    fresh_run_dir: a launcher's maker of a run directory, for a file that names none (a role
+    process has none: a file without run_dir or [addresses] is an error there)."""
     raw: dict[str, Any] = {}
     if path:
         with open(path, "rb") as fh:
             raw = tomllib.load(fh)
+        if raw.get("router", {}).get("api_key"):
+            check_private(path, "a cluster file holding [router] api_key")
+        _relative_to(raw, os.path.dirname(os.path.abspath(path)))
     for section, values in (overrides or {}).items():
         raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
-    return config_from_dict(raw)
+    return config_from_dict(raw, fresh_run_dir)
 
 
-def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
-    known_sections = {"model", "router", "lifecycle", "cluster", "addresses", "hosts"}
+def _relative_to(raw: dict[str, Any], base: str) -> None:
+    """Paths of a cluster file that are relative are relative to the file: its keys and key
+    file travel with it, whatever the directory a process starts in."""
+    for section, key in (("security", "keys_dir"), ("router", "api_key_file")):
+        table = raw.get(section)
+        if isinstance(table, dict) and isinstance(table.get(key), str) and table[key]:
+            table[key] = os.path.join(base, table[key])
+
+
+def check_private(path: str, what: str) -> None:
+    """A file holding a secret must be readable by its owner alone (as ssh asks of its keys)."""
+    if os.stat(path).st_mode & 0o077:
+        raise ValueError(f"{path}: {what} must be readable by its owner only: chmod 600 it")
+
+
+def config_from_dict(
+    raw: dict[str, Any], fresh_run_dir: Callable[[], str] | None = None
+) -> ClusterConfig:
+    known_sections = {"model", "router", "lifecycle", "cluster", "addresses", "hosts", "security"}
     unknown = set(raw) - known_sections
     if unknown:
         raise ValueError(f"unknown section(s): {', '.join(sorted(unknown))}")
@@ -247,8 +302,15 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     if cluster:
         raise ValueError(f"unknown key(s) in [cluster]: {', '.join(sorted(cluster))}")
     addr = raw.get("addresses")
+    if not run_dir and fresh_run_dir is not None:  # a launcher: its children's file lives there
+        run_dir = fresh_run_dir()
     if not run_dir and not addr:  # ipc sockets (or inproc names) need a home of their own
-        run_dir = tempfile.mkdtemp(prefix="splitserve-")
+        # a process making a directory of its own would never meet the others (every request
+        # got 503 under supervisord)
+        raise ValueError(
+            "the cluster file needs [cluster] run_dir (where the ipc sockets live) or "
+            "[addresses]: every process of the stack must find the same sockets"
+        )
     if addr:
         addresses = _addresses_from(addr)
     else:
@@ -263,7 +325,9 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     ):
         raise ValueError("[cluster] decode_slots must list a slot count >= 1 per decode worker")
     model = _build(ModelConfig, raw.get("model", {}), "model")
-    router = _build(RouterConfig, raw.get("router", {}), "router")
+    router = _router_config(raw.get("router", {}))
+    security = _build(SecurityConfig, raw.get("security", {}), "security")
+    check_transport_security(addresses, security, mode)
     ahead = router.admit_ahead_tokens
     if ahead != "auto" and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
         raise ValueError('[router] admit_ahead_tokens must be "auto" or a count >= 0')
@@ -278,6 +342,7 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         model=model,
         router=router,
         lifecycle=_build(LifecycleConfig, raw.get("lifecycle", {}), "lifecycle"),
+        security=security,
         addresses=addresses,
         mode=mode,
         detok_workers=len(addresses.detok),
@@ -287,6 +352,41 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         cpus=cpus,
     )
 
+
+def _router_config(values: dict[str, Any]) -> RouterConfig:
+    """[router], its API key read from api_key_file when one is named (and checked private)."""
+    router = _build(RouterConfig, values, "router")
+    if router.api_key_file:
+        check_private(router.api_key_file, "api_key_file")
+        key = read_secret_file(router.api_key_file)
+        if not key:
+            raise ValueError(f"[router] api_key_file {router.api_key_file} is empty")
+        router = dataclasses.replace(router, api_key=key)
+    return router
+
+
+def check_transport_security(addresses: Addresses, security: SecurityConfig, mode: str) -> None:
+    """Safe by default: a tcp endpoint reachable from the network needs CURVE keys. Without them
+    any process that reaches a worker's port could end its streams or rewrite a client's answer.
+    Loopback tcp is allowed without keys (one host: only local processes reach it), ipc sockets
+    are guarded by their file permissions (0600 in a 0700 run_dir), inproc never leaves the
+    process."""
+    if security.keys_dir:
+        if mode == "threads":
+            raise ValueError("[security] keys_dir is for processes mode: threads mode's inproc "
+                             "sockets never leave the process")  # fmt: skip
+        return  # each process reads its own keys when it makes its sockets (security.Keyring)
+    for role in ROLES:
+        endpoints = [addresses.router] if role == "router" else addresses.of(role)
+        for endpoint in endpoints:
+            parsed = parse_endpoint(endpoint)
+            if parsed.transport == "tcp" and not is_loopback(parsed.address):
+                raise ValueError(
+                    f"[addresses] {role}: {endpoint} is reachable from the network, and without "
+                    "CURVE keys anyone who reaches it can forge messages: make keys with "
+                    "`splitserve keys generate DIR --config FILE` and set [security] keys_dir, "
+                    "or use a loopback or ipc endpoint"
+                )
 
 
 def _addresses_from(addr: Any) -> Addresses:
@@ -326,10 +426,13 @@ def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:
 def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
     """The inverse of config_from_dict, for handing a resolved config to child processes."""
     assert config.addresses is not None
+    router = dataclasses.asdict(config.router)
+    del router["api_key"]  # never in a file: children read it from api_key_file
     return {
         "model": dataclasses.asdict(config.model),
-        "router": dataclasses.asdict(config.router),
+        "router": router,
         "lifecycle": dataclasses.asdict(config.lifecycle),
+        "security": dataclasses.asdict(config.security),
         "cluster": {
             "mode": config.mode,
             "run_dir": config.run_dir,

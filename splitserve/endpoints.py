@@ -67,6 +67,14 @@ def bind_address(endpoint: str) -> str:
     return f"tcp://{infos[0][4][0]}:{parsed.port}"
 
 
+def is_loopback(host: str) -> bool:
+    """An address only this machine reaches: 127.0.0.0/8, or the name localhost. Other names are
+    not resolved here: what a name resolves to can change, so it counts as the network."""
+    if host == "localhost":
+        return True
+    return _is_ipv4(host) and ipaddress.IPv4Address(host).is_loopback
+
+
 def _is_ipv4(host: str) -> bool:
     try:
         ipaddress.IPv4Address(host)

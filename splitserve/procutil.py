@@ -15,6 +15,7 @@ PR_SET_PDEATHSIG = 1
 PARENT_ENV = "SPLITSERVE_PARENT_PID"
 CPUS_ENV = "SPLITSERVE_CPUS"
 IO_CPUS_ENV = "SPLITSERVE_IO_CPUS"
+API_KEY_ENV = "SPLITSERVE_API_KEY"  # the router's API key (never a flag: see router/__main__.py)
 
 
 def die_with_parent(environ: dict[str, str]) -> None:

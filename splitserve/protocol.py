@@ -37,7 +37,7 @@ from splitserve.wire_checks import (
     compile_check,
 )
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # 4: Ready and Heartbeat carry the worker's incarnation
 
 
 class TokenFinish(enum.IntEnum):
@@ -344,13 +344,18 @@ class WorkerInfo:
 
 @dataclass
 class Ready:
-    """worker -> router: warm-up is done; this worker serves protocol_version."""
+    """worker -> router: warm-up is done; this worker serves protocol_version.
+
+    incarnation: a random token of this run of the worker, repeated by each of its heartbeats.
+    Only a Ready with a new one is a restart (a pid can repeat in a container, and a heartbeat
+    with another pid may be anyone's); the router ignores heartbeats of another incarnation."""
 
     role: str
     index: int
     pid: int
     protocol_version: int
     info: WorkerInfo
+    incarnation: str = ""  # a default, so that a worker of an older version is refused by name
 
 
 @dataclass
@@ -367,6 +372,7 @@ class Heartbeat:
     prefill: PrefillLoad | None = None
     decode: DecodeLoad | None = None
     detok: DetokLoad | None = None
+    incarnation: str = ""  # its Ready's
 
 
 MESSAGE_TYPES: dict[int, type] = {
@@ -411,6 +417,8 @@ TOKENS = Items(TOKEN)
 LOGPROB = Float(neg_inf=True)  # -inf: of a token the model gave (almost) no mass
 SECONDS = Float(lo=0.0)
 ROLE = Str(choices=WORKER_ROLES)
+INCARNATION_CHARS = 32  # 128 random bits in hex
+INCARNATION = Str(INCARNATION_CHARS, INCARNATION_CHARS)
 
 
 def _kv_entry(v: Any) -> list[Any]:
@@ -502,8 +510,11 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "p90": SECONDS,
         "p99": SECONDS,
     },
-    Ready: {"role": ROLE, "index": TOKEN, "pid": TOKEN},
-    Heartbeat: {"role": ROLE, "index": TOKEN, "pid": TOKEN, "loop_age_s": SECONDS},
+    Ready: {"role": ROLE, "index": TOKEN, "pid": TOKEN, "incarnation": INCARNATION},
+    Heartbeat: {
+        "role": ROLE, "index": TOKEN, "pid": TOKEN, "loop_age_s": SECONDS,
+        "incarnation": INCARNATION,
+    },  # fmt: skip
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -25,11 +26,14 @@ from typing import Any
 import zmq
 
 from splitserve.config import ClusterConfig
+from splitserve.endpoints import parse_endpoint
 from splitserve.engine import build_engine
 from splitserve.engine.interface import Engine
 from splitserve.faults import AnySender, FaultInjector
+from splitserve.message_limits import max_message_bytes
 from splitserve.procutil import freeze_startup_objects
 from splitserve.protocol import (
+    INCARNATION_CHARS,
     PROTOCOL_VERSION,
     DecodeLoad,
     DetokLoad,
@@ -41,13 +45,29 @@ from splitserve.protocol import (
     TransportCounters,
     WorkerInfo,
 )
+from splitserve.run_dirs import ensure_private_dir
+from splitserve.security import curve_client, curve_server, sent_by
 from splitserve.tokenizer_path import engine_vocab_size
 from splitserve.transport import Receiver, Sender
 
 RoleLoad = PrefillLoad | DecodeLoad | DetokLoad
+MAX_DETOK_POOL = 256  # as the router's (router/workers.py): a socket each
 Handler = Callable[[Any, list[Any]], None]  # (message, its extra frames: KV arrays or none)
 
 log = logging.getLogger(__name__)
+
+
+def pool_problem(endpoints: list[str]) -> str | None:
+    """Why a DetokPool's endpoints cannot be connected to, or None."""
+    if len(endpoints) > MAX_DETOK_POOL:
+        return f"{len(endpoints)} detok workers, at most {MAX_DETOK_POOL}"
+    for k, endpoint in enumerate(endpoints):
+        if endpoint:
+            try:
+                parse_endpoint(endpoint, f"detok {k}")
+            except ValueError as exc:
+                return str(exc)
+    return None
 
 
 class WorkerLoop:
@@ -67,10 +87,13 @@ class WorkerLoop:
         self.stop = stop
         self.counters = TransportCounters()
         self.pid = os.getpid()
+        # this run of the worker, in its Ready and every heartbeat (see protocol.Ready)
+        self.incarnation = secrets.token_hex(INCARNATION_CHARS // 2)
         self.faults = FaultInjector.from_env(environ)
         self._senders: list[AnySender] = []
         self.endpoint = config.endpoint_of(self.role, index)
-        self.receiver = Receiver(ctx, self.endpoint, self.counters)
+        if config.run_dir:
+            ensure_private_dir(config.run_dir)
         self.router = self.connect(config.addresses.router, f"{self.role}_to_router")
         # message type -> handler; each role fills it with the messages it takes
         self.handlers: dict[type, Handler] = {}
@@ -78,6 +101,11 @@ class WorkerLoop:
         self._drain_deadline: float | None = None
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
         self.setup()
+        # after setup(): the decode worker's limit follows from its engine
+        self.receiver = Receiver(
+            ctx, self.endpoint, self.counters, self.receiver_limit(),
+            curve_server(config.security.keys_dir, self.endpoint, self.role, index),
+        )  # fmt: skip
 
     # ---- provided by each role ----
     def setup(self) -> None:
@@ -109,12 +137,29 @@ class WorkerLoop:
             model = dataclasses.replace(model, num_slots=self.config.slots_of(self.index))
         return build_engine(model, engine_vocab_size(model), role=self.role)
 
-    def connect(self, endpoint: str, path: str) -> AnySender:
-        """A sender to endpoint, counted in this worker's transport counters, with whatever faults
-        the environment puts on path (see splitserve.faults); closed when the loop ends."""
-        sender = self.faults.wrap(Sender(self.ctx, endpoint, self.counters), path)
+    def receiver_limit(self) -> int:
+        """The largest frame this worker's receiver takes (splitserve/message_limits.py)."""
+        kv = self.engine.kv_bytes_per_token if self.role == "decode" else 0
+        return max_message_bytes(self.role, self.config, kv)
+
+    def connect(self, endpoint: str, path: str, peer: tuple[str, int] | None = None) -> AnySender:
+        """A sender to endpoint (the receiver of process `peer`, found from the configured
+        addresses when not given), counted in this worker's transport counters, with whatever
+        faults the environment puts on path (see splitserve.faults); closed when the loop ends."""
+        sender = self.faults.wrap(self.plain_sender(endpoint, self.counters, peer), path)
         self._senders.append(sender)
         return sender
+
+    def plain_sender(
+        self, endpoint: str, counters: TransportCounters, peer: tuple[str, int] | None = None
+    ) -> Sender:
+        """A Sender, with CURVE when the cluster has keys and the endpoint is tcp."""
+        peer = peer or self.config.process_at(endpoint)
+        keys_dir = self.config.security.keys_dir
+        curve = curve_client(keys_dir, endpoint, (self.role, self.index), peer) if peer else None
+        if curve is None and keys_dir and endpoint.startswith("tcp://"):
+            raise ValueError(f"{endpoint} is no process of the cluster file: no key to reach it")
+        return Sender(self.ctx, endpoint, counters, curve)
 
     def detok_senders(self, path: str) -> list[AnySender | None]:
         """One sender per detok worker of the pool, indexed as the requests' detok_index is
@@ -127,6 +172,11 @@ class WorkerLoop:
 
     def on_detok_pool(self, msg: DetokPool, _frames: list[Any]) -> None:
         """The detok pool grew or shrank: connect to new members, close the senders of gone ones."""
+        problem = pool_problem(msg.endpoints)
+        if problem is not None:  # a sender to it would raise (zmq refuses a bad endpoint)
+            self.counters.malformed += 1
+            log.warning("%s[%d]: DetokPool dropped: %s", self.role, self.index, problem)
+            return
         for k, endpoint in enumerate(msg.endpoints):
             known = self._detok_endpoints[k] if k < len(self._detok_endpoints) else None
             if endpoint == known:
@@ -138,7 +188,9 @@ class WorkerLoop:
             if old is not None:
                 self._senders.remove(old)
                 old.close()
-            self.detoks[k] = self.connect(endpoint, self._detok_path) if endpoint else None
+            self.detoks[k] = (
+                self.connect(endpoint, self._detok_path, ("detok", k)) if endpoint else None
+            )
             self._detok_endpoints[k] = endpoint
             log.info("%s[%d]: detok %d at %s", self.role, self.index, k, endpoint or "(gone)")
 
@@ -169,7 +221,9 @@ class WorkerLoop:
         info = dataclasses.replace(self.warmup(), endpoint=self.endpoint)
         if threading.current_thread() is threading.main_thread():  # this process is the role's
             freeze_startup_objects()
-        self.router.send(Ready(self.role, self.index, self.pid, PROTOCOL_VERSION, info))
+        self.router.send(
+            Ready(self.role, self.index, self.pid, PROTOCOL_VERSION, info, self.incarnation)
+        )
         log.info("%s[%d] ready (pid %d)", self.role, self.index, self.pid)
         self.take_snapshot()
 
@@ -190,10 +244,19 @@ class WorkerLoop:
         log.info("%s[%d] stopped", self.role, self.index)
 
     def receive(self, wait: bool) -> list[tuple[Any, list[Any]]]:
-        """The messages waiting now; with wait, block first until one comes or a snapshot is due."""
+        """The messages waiting now; with wait, block first until one comes or a snapshot is due.
+        On CURVE, a message from a process whose role does not send it is dropped and counted."""
         if wait:
             self.receiver.poll(self.poll_timeout_ms())
-        return self.receiver.drain()
+        out = []
+        for msg, frames, peer in self.receiver.drain_from():
+            if peer is None or sent_by(msg, peer):  # None: ipc or inproc, no identity to check
+                out.append((msg, frames))
+            else:
+                self.counters.malformed += 1
+                log.warning("%s[%d]: dropped a %s from %s, which does not send it", self.role,
+                            self.index, type(msg).__name__, peer)  # fmt: skip
+        return out
 
     def dispatch(self, messages: list[tuple[Any, list[Any]]]) -> None:
         """Hand each message to the handler for its type; a type this role does not take is
@@ -225,7 +288,7 @@ class WorkerLoop:
         """Heartbeats go from a thread of their own, on a socket of their own, so that a long
         engine call (a big prefill, a compile) never reads as a dead worker: JAX releases the GIL
         while it computes. loop_age_s tells how long ago the loop last completed a pass."""
-        sender = Sender(self.ctx, self.config.addresses.router, TransportCounters())
+        sender = self.plain_sender(self.config.addresses.router, TransportCounters(), ("router", 0))
         try:
             while not done.wait(self.config.lifecycle.heartbeat_interval_s):
                 taken, load = self._snapshot
@@ -233,7 +296,7 @@ class WorkerLoop:
                 beat = Heartbeat(
                     self.role, self.index, self.pid, PROTOCOL_VERSION,
                     round(time.monotonic() - taken, 3), self.stop.is_set(), transport,
-                    **{self.role: load},
+                    **{self.role: load}, incarnation=self.incarnation,
                 )  # fmt: skip
                 sender.send(beat)
         finally:

@@ -64,7 +64,7 @@ def heartbeat() -> Heartbeat:
                              0.05)  # fmt: skip
     load = DecodeLoad(16, 4, 12, 0, 100000, 100000, 1600000, 3, 0, hist, hist)
     return Heartbeat("decode", 0, 4242, PROTOCOL_VERSION, 0.003, False,
-                     TransportCounters(1, 2, 3, 4), decode=load)  # fmt: skip
+                     TransportCounters(1, 2, 3, 4), decode=load, incarnation="a" * 32)  # fmt: skip
 
 
 MESSAGES = {

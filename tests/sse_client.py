@@ -4,7 +4,8 @@
     python tests/sse_client.py --url http://10.0.0.1:8000 --requests 4 --max-tokens 500
 
 prints one JSON line per request: request id, finish reason, error, text, and when its first text
-came and when it ended (time.time(), comparable across processes).
+came and when it ended (time.time(), comparable across processes). With --progress (one request)
+it also prints `chunk N` as the Nth chunk of text arrives, for a test that acts mid-stream.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ def stream_completion(
     request_id: str | None = None,
     timeout_s: float = 120,
     headers: dict[str, str] | None = None,
+    on_chunk=None,
 ) -> dict:
+    """on_chunk(n): called as the nth chunk of text arrives."""
+    chunks = 0
     request_id = request_id or f"t-{uuid.uuid4().hex[:12]}"
     out = {"request_id": request_id, "finish_reason": None, "error": None, "text": "", "tokens": 0,
            "first_at": None}  # fmt: skip
@@ -64,6 +68,9 @@ def stream_completion(
                     if choice.get("text") and out["first_at"] is None:
                         out["first_at"] = time.time()
                     out["text"] += choice.get("text", "")
+                    if choice.get("text") and on_chunk is not None:
+                        chunks += 1
+                        on_chunk(chunks)
                     if choice.get("finish_reason"):
                         out["finish_reason"] = choice["finish_reason"]
     except httpx.HTTPError as exc:
@@ -93,7 +100,15 @@ def main() -> None:
     p.add_argument("--url", required=True)
     p.add_argument("--requests", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--progress", action="store_true", help="one request; `chunk N` lines")
+    p.add_argument("--timeout", type=float, default=120)
     args = p.parse_args()
+    if args.progress:
+        progress = lambda n: print(f"chunk {n}", flush=True)  # noqa: E731
+        r = stream_completion(args.url, "hello world", args.max_tokens, timeout_s=args.timeout,
+                              on_chunk=progress)  # fmt: skip
+        print(json.dumps(r), flush=True)
+        return
     for r in stream_many(args.url, args.requests, args.max_tokens):
         print(json.dumps(r), flush=True)
 

@@ -60,7 +60,8 @@ GOOD = {"router": "tcp://127.0.0.1:5550", "prefill": "tcp://10.0.0.1:5551",
 
 
 def _with(**changed):
-    return config_from_dict({"addresses": {**GOOD, **changed}})
+    # keys: tcp beyond loopback needs them (tests/test_transport_security.py)
+    return config_from_dict({"addresses": {**GOOD, **changed}, "security": {"keys_dir": "/k"}})
 
 
 def test_well_formed_endpoints_are_accepted():
@@ -95,7 +96,7 @@ def test_malformed_endpoints_are_refused_at_load(changed, message):
 def test_addresses_need_every_receiver():
     with pytest.raises(ValueError, match="missing detok; unknown detoks"):
         config_from_dict({"addresses": {**{k: v for k, v in GOOD.items() if k != "detok"},
-                                        "detoks": []}})  # fmt: skip
+                                        "detoks": []}, "security": {"keys_dir": "/k"}})  # fmt: skip
 
 
 def test_a_receiver_binds_exactly_its_address():

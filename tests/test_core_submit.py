@@ -57,7 +57,8 @@ async def _ready_core(config, tok) -> tuple[RouterCore, FakeWorkers]:
     announce.connect(config.addresses.router)
     for role, index in (("prefill", 0), ("decode", 0), ("detok", 0), ("detok", 1)):
         announce.send_multipart(
-            protocol.encode(Ready(role, index, 1000 + index, PROTOCOL_VERSION, WorkerInfo()))
+            protocol.encode(Ready(role, index, 1000 + index, PROTOCOL_VERSION, WorkerInfo(),
+                                  f"{role}{index}".ljust(32, "x")))  # fmt: skip
         )
     announce.close(linger=1000)
     await core.wait_ready(30)

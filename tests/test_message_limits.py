@@ -96,3 +96,26 @@ def test_the_router_receiver_has_its_limit(tokenizer_512):
             await core.close()
 
     run(body())
+
+
+def test_every_worker_receiver_has_its_limit(tokenizer_512):
+    """The workers' receivers (issue 16 part B): decode's from its engine's KV bytes per token
+    (the fake engine's: 4), the others' from the control messages' bounds."""
+    import threading
+
+    from decode_worker.worker import DecodeWorker
+    from detok_worker.worker import DetokWorker
+    from prefill_worker.worker import PrefillWorker
+
+    config = make_config(tokenizer_512, "threads")
+    ctx = zmq.Context()
+    try:
+        for cls in (PrefillWorker, DecodeWorker, DetokWorker):
+            worker = cls(config, 0, ctx, threading.Event(), {})
+            kv = 4 if cls is DecodeWorker else 0
+            assert worker.receiver.socket.getsockopt(zmq.MAXMSGSIZE) == max_message_bytes(
+                worker.role, config, kv
+            )
+            worker.shutdown()
+    finally:
+        ctx.destroy(linger=0)

@@ -99,7 +99,8 @@ good_header = PrefixHeader("r", 0, 0, 2, 0, 7, -0.5, SamplingParams(), StopCrite
 hist = protocol.HistogramSnapshot([0.1, 0.2], [1, 2, 3], 0.5, 6, 0.1, 0.2, 0.2)
 good_beat = protocol.Heartbeat("prefill", 0, 9, protocol.PROTOCOL_VERSION, 0.01, False,
                                protocol.TransportCounters(),
-                               prefill=protocol.PrefillLoad(0, 0, 1, 0, hist))  # fmt: skip
+                               prefill=protocol.PrefillLoad(0, 0, 1, 0, hist),
+                               incarnation="i" * protocol.INCARNATION_CHARS)  # fmt: skip
 
 # Well-formed MessagePack, wrong in one value: each crashed a worker or fooled a handler before
 # the decoder checked element types and ranges (issue 16).

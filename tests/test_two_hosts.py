@@ -1,9 +1,10 @@
 """Two hosts for real: two Linux network namespaces joined by a veth pair, deploy/launch.sh run in
 each (prefill-host: router + prefill; decode-host: decode + the detok pool), completions streamed
-through the router. The KV cache and the tokens cross between the two network stacks. Then the
-link is cut mid-stream until the router sees the decode host's workers die: the requests wait,
-and when the link comes back every stream completes with all its tokens. Needs root (CI runs as
-root); installs iproute2 when `ip` is missing."""
+through the router. The KV cache and the tokens cross between the two network stacks, over CURVE
+(keys made by `splitserve keys generate`: the file's addresses are not loopback, so it would not
+load without them). Then the link is cut mid-stream until the router sees the decode host's
+workers die: the requests wait, and when the link comes back every stream completes with all its
+tokens. Needs root (CI runs as root); installs iproute2 when `ip` is missing."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ class TwoHosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _cluster(tokenizer: str) -> str:
+def _cluster(tokenizer: str, keys_dir: str) -> str:
     return f"""
 [model]
 engine = "jax"
@@ -99,6 +100,9 @@ port = 8000
 [lifecycle]
 heartbeat_interval_s = 0.2
 liveness_timeout_s = 1.5
+
+[security]
+keys_dir = "{keys_dir}"
 
 [addresses]
 router = "tcp://{SUBNET}.1:5550"
@@ -165,7 +169,14 @@ def two_hosts():
 
 def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path):
     conf = tmp_path / "two-hosts.toml"
-    conf.write_text(_cluster(tokenizer_512))
+    keys = tmp_path / "keys"
+    conf.write_text(_cluster(tokenizer_512, str(keys)))
+    subprocess.run([sys.executable, "-m", "splitserve", "keys", "generate", str(keys), "--config",
+                    str(conf)], check=True, capture_output=True, timeout=60)  # fmt: skip
+    assert sorted(os.listdir(keys)) == sorted(
+        f"{name}{suffix}" for name in ("router", "prefill-0", "decode-0", "detok-0", "detok-1")
+        for suffix in (".key", ".key_secret")
+    )
     env = {**os.environ, "SPLITSERVE_PYTHON": sys.executable}
     launchers = {}
     client = [sys.executable, os.path.join(ROOT, "tests", "sse_client.py")]

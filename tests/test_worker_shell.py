@@ -43,13 +43,7 @@ def cluster(tokenizer_512) -> Iterator[Callable]:
     ctx = zmq.Context()
 
     def make(cls, environ=None):
-        a = config.addresses
-        ends = {"router": a.router, **{f"detok{i}": e for i, e in enumerate(a.detok)}}
-        if cls is not DecodeWorker:
-            ends["decode"] = a.decode[0]
-        if cls is DetokWorker:
-            del ends["detok0"]  # the worker's own address
-        peers = {name: Receiver(ctx, end, TransportCounters()) for name, end in ends.items()}
+        peers = stand_in_peers(ctx, config, cls)
         return cls(config, 0, ctx, threading.Event(), environ or {}), peers
 
     # one worker per test: the worker and its peers bind the cluster's addresses
@@ -58,6 +52,18 @@ def cluster(tokenizer_512) -> Iterator[Callable]:
         yield make
     finally:
         ctx.destroy(linger=0)
+
+
+def stand_in_peers(ctx: zmq.Context, config, cls) -> dict[str, Receiver]:
+    """Bound receivers in the place of the router, the detok workers and (for a worker other
+    than decode) the decode worker: what worker 0 of cls sends to."""
+    a = config.addresses
+    ends = {"router": a.router, **{f"detok{i}": e for i, e in enumerate(a.detok)}}
+    if cls is not DecodeWorker:
+        ends["decode"] = a.decode[0]
+    if cls is DetokWorker:
+        del ends["detok0"]  # the worker's own address
+    return {name: Receiver(ctx, end, TransportCounters()) for name, end in ends.items()}
 
 
 def request(rid: str, prompt=(5, 6, 7), max_tokens: int = 8) -> GenerateRequest:

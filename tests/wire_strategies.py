@@ -35,6 +35,7 @@ seconds = st.floats(min_value=0.0, allow_nan=False, allow_infinity=False)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
 logprobs = st.floats(max_value=0.0, allow_nan=False, width=32) | st.just(-math.inf)
 roles = st.sampled_from(sorted(protocol.WORKER_ROLES))
+incarnations = st.text(min_size=protocol.INCARNATION_CHARS, max_size=protocol.INCARNATION_CHARS)
 
 sampling = st.builds(
     SamplingParams,
@@ -83,7 +84,8 @@ def heartbeats(draw):
     loads = {"prefill": prefill_loads, "decode": decode_loads, "detok": detok_loads}
     load = draw(loads[role])
     return Heartbeat(role, draw(tokens), draw(tokens), draw(counts), draw(seconds),
-                     draw(st.booleans()), draw(transports), **{role: load})  # fmt: skip
+                     draw(st.booleans()), draw(transports), **{role: load},
+                     incarnation=draw(incarnations))  # fmt: skip
 
 
 @st.composite
@@ -145,7 +147,7 @@ BY_TYPE = {
     protocol.DetokPool: no_arrays(
         st.builds(protocol.DetokPool, st.lists(st.text(max_size=60), max_size=8))
     ),
-    Ready: no_arrays(st.builds(Ready, roles, tokens, tokens, counts, infos)),
+    Ready: no_arrays(st.builds(Ready, roles, tokens, tokens, counts, infos, incarnations)),
     Heartbeat: no_arrays(heartbeats()),
 }  # fmt: skip
 messages = st.one_of(*BY_TYPE.values())

@@ -99,6 +99,9 @@ class FakeEngine(Engine):
         logprobs = -(tokens % 10).astype(np.float32) / 10
         return StepOutput(tokens=tokens, logprobs=logprobs)
 
+    def kv_layout(self, length: int) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        return [(np.dtype(np.float32), (length, 1))]  # the prompt itself: 4 bytes a token
+
     def free(self, slot: int) -> None:
         self._live[slot] = False
         self._last[slot] = 0

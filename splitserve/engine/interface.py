@@ -8,6 +8,7 @@ so they are kept compact: the prompt's true length only, in the cache's own dtyp
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,3 +83,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def free(self, slot: int) -> None:
         """Release a slot; its contents never influence other slots."""
+
+    @abc.abstractmethod
+    def kv_layout(self, length: int) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        """(dtype, shape) of each array of a prefix of `length` tokens, as prefill makes them
+        and insert takes them: what a decode worker checks an arriving prefix against."""
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """The bytes of a prefix per prompt token: what sizes the decode worker's frames."""
+        return sum(np.dtype(dt).itemsize * math.prod(shape) for dt, shape in self.kv_layout(1))

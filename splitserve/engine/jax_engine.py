@@ -322,6 +322,10 @@ class JaxEngine(Engine):
         self._floats[:, slot] = floats[:, 0]
         self._live[slot] = True
 
+    def kv_layout(self, length: int) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        cfg = self.cfg  # k and v: [layers, length, kv_heads, head_dim] each
+        return [(self.cache_dtype, (cfg.layers, length, cfg.kv_heads, cfg.head_dim))] * 2
+
     def generate(self) -> StepOutput:
         live = self._live
         pos = self._ints[_POS]

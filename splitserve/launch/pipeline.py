@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from router.core import RouterCore
+from splitserve import run_dirs
 from splitserve.config import ClusterConfig, config_from_dict
 from splitserve.launch.health import StackNotReady
 from splitserve.launch.processes import ProcessStack
@@ -25,7 +25,8 @@ def fake_engine_config(
     tokenizer: str, mode: str = "processes", **sections: dict[str, Any]
 ) -> ClusterConfig:
     """A small fake-engine cluster (8 slots, 2 detok workers, fast heartbeats) in a fresh run
-    directory; `sections` override or add keys, e.g. model={"num_slots": 64}."""
+    directory (owned by this process: reclaimed by a later start once it is gone); `sections`
+    override or add keys, e.g. model={"num_slots": 64}."""
     raw: dict[str, Any] = {
         "model": {"engine": "fake", "tokenizer": tokenizer, "num_slots": 8, "max_seq_len": 512},
         "cluster": {"mode": mode, "detok_workers": 2},
@@ -33,8 +34,7 @@ def fake_engine_config(
     }
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
-    raw["cluster"].setdefault("run_dir", tempfile.mkdtemp(prefix="ss-"))
-    return config_from_dict(raw)
+    return config_from_dict(raw, run_dirs.create)
 
 
 async def wait_for(

@@ -8,6 +8,7 @@ launcher that was killed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from splitserve.config import ClusterConfig
-from splitserve.launch.roles import role_instances, role_module, stack_roles, write_config
-from splitserve.procutil import CPUS_ENV, IO_CPUS_ENV, PARENT_ENV
+from splitserve.launch.roles import role_instances, role_module, stack_roles, write_config_files
+from splitserve.procutil import API_KEY_ENV, CPUS_ENV, IO_CPUS_ENV, PARENT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,11 @@ class Child:
 
 
 class ProcessStack:
-    """Roles as OS processes (by default a whole local stack: stack_roles). Use as a context
-    manager; stop() is safe to call twice."""
+    """Roles as OS processes (by default a whole local stack: stack_roles; or the given
+    instances, (role, index) each). Use as a context manager; stop() is safe to call twice.
+
+    The children read the config from config_path, or from a file written into the run
+    directory (with the API key, if any, in a 0600 file beside it), removed again by stop()."""
 
     def __init__(
         self,
@@ -47,19 +51,29 @@ class ProcessStack:
         log_dir: str | None = None,
         cpus: dict[str, list[int]] | None = None,
         config_path: str | None = None,
+        instances: Iterable[tuple[str, int]] | None = None,
     ):
         self.config = config
         self.roles = tuple(stack_roles(config) if roles is None else roles)
-        self.env = dict(os.environ if env is None else env)
+        self.instances = (
+            list(instances) if instances is not None else role_instances(config, self.roles)
+        )
+        env = dict(os.environ if env is None else env)
+        key = env.pop(API_KEY_ENV, "")
+        self.env = env
         self.log_dir = log_dir
         # role -> CPUs its processes are pinned to (default: the config's [cluster.cpus])
         self.cpus = {r: list(cs) for r, cs in (config.cpus if cpus is None else cpus).items()}
-        self.config_path = config_path or write_config(config)
+        self.written = [] if config_path else write_config_files(config)
+        self.config_path = config_path or self.written[0]
+        # the router reads the key from the file written for it; else from the environment this
+        # launcher got (a host's launcher on the user's own file): the router's alone
+        self.router_env = {API_KEY_ENV: key} if key and len(self.written) < 2 else {}
         self.children: dict[tuple[str, int], Child] = {}
         self.retired: list[Child] = []  # stopped for good (a shrunk pool): waited for at stop()
 
     def start(self) -> ProcessStack:
-        for role, index in role_instances(self.config, self.roles):
+        for role, index in self.instances:
             self.spawn(role, index)
         return self
 
@@ -73,7 +87,8 @@ class ProcessStack:
             os.makedirs(self.log_dir, exist_ok=True)
             log_path = os.path.join(self.log_dir, f"{role}-{index}.log")
             out = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        env = {**self.env, PARENT_ENV: str(os.getpid())}
+        env = {**self.env, **(self.router_env if role == "router" else {})}
+        env[PARENT_ENV] = str(os.getpid())
         if self.cpus.get(role):
             env[CPUS_ENV] = ",".join(str(c) for c in self.cpus[role])
         if self.cpus.get("io"):  # the zmq I/O threads of every worker role
@@ -135,6 +150,10 @@ class ProcessStack:
                     log.warning("%s did not stop in time: killing it", c.name)
                     c.popen.kill()
                     c.popen.wait()
+        for path in self.written:  # the children's config and key: read at their start only
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.written = []
 
     def __enter__(self) -> ProcessStack:
         return self.start()

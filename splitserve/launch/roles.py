@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 
 from splitserve import tomlwrite
 from splitserve.config import ClusterConfig, config_to_dict
+from splitserve.run_dirs import ensure_private_dir
+from splitserve.secret_files import write_secret_file
 
 ROLE_MODULES = {
     "router": "router",
@@ -41,11 +42,25 @@ def role_instances(config: ClusterConfig, roles: Iterable[str]) -> list[tuple[st
 
 
 def write_config(config: ClusterConfig, path: str | None = None) -> str:
-    """The resolved config as a TOML file (addresses included) for the children to read."""
-    path = path or os.path.join(
-        config.run_dir or tempfile.mkdtemp(prefix="splitserve-"), "cluster.toml"
-    )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as fh:
-        fh.write(tomlwrite.dumps(config_to_dict(config)))
-    return path
+    """The resolved config as a TOML file (addresses included) for the children to read, in the
+    run directory (0700) unless path names another place. The API key is never in it: it goes
+    to `api_key` beside it (0600), which the file names as [router] api_key_file."""
+    written = write_config_files(config, path)
+    return written[0]
+
+
+def write_config_files(config: ClusterConfig, path: str | None = None) -> list[str]:
+    """write_config, returning every file written: the config, then the API key's if any."""
+    if path is None:
+        if not config.run_dir:
+            raise ValueError("no run directory for the children's cluster file")
+        path = os.path.join(ensure_private_dir(config.run_dir), "cluster.toml")
+    raw = config_to_dict(config)
+    written = [path]
+    if config.router.api_key:
+        key_path = os.path.join(os.path.dirname(os.path.abspath(path)), "api_key")
+        written.append(write_secret_file(key_path, config.router.api_key + "\n"))
+        raw["router"]["api_key_file"] = key_path
+    # 0600 as well: it names where the key and the sockets are
+    write_secret_file(path, tomlwrite.dumps(raw))
+    return written

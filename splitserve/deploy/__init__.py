@@ -1,0 +1,1 @@
+"""Deployment outputs generated from the cluster file: `splitserve deploy supervisord`."""
