@@ -115,8 +115,9 @@ class WorkerTable:
     def observe(self, msg: Ready | Heartbeat) -> tuple[WorkerState | None, bool]:
         """Record a Ready or Heartbeat. Returns (worker, lost): lost if a ready worker restarted."""
         w = self.workers.get((msg.role, msg.index))
-        if w is not None and w.removed and isinstance(msg, Ready) and msg.incarnation != w.incarnation:
-            w.removed = False  # started again: the operator grew the pool back
+        if w is not None and w.removed and isinstance(msg, Ready):
+            if msg.incarnation != w.incarnation:
+                w.removed = False  # started again: the operator grew the pool back
         if w is None and msg.role == "detok" and isinstance(msg, Ready):
             if 0 <= msg.index < MAX_DETOK_WORKERS and msg.info.endpoint:
                 w = self.workers[(msg.role, msg.index)] = WorkerState(msg.role, msg.index)
