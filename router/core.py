@@ -2,8 +2,8 @@
 
 A request's path through the router core:
  1. submit() checks the prompt and parameters against the one table of bounds (router/params.py),
-    clamps max_tokens to the context, and builds and encodes the request's message (refused if it
-    could not travel); only then is the request id reserved (router/request_table.py).
+    refuses max_tokens beyond the context, and builds and encodes the request's message (refused
+    if it could not travel); only then is the request id reserved (router/request_table.py).
  2. Admission (router/admission.py) lets it into the pipeline at once, queues it, or refuses it
     (Overloaded / NotReady).
  3. Placement (router/placement.py) stamps its prefill, decode and detok workers and its
@@ -38,7 +38,7 @@ from router.links import WorkerLinks
 from router.liveness import LivenessMonitor
 from router.metrics import RouterMetrics
 from router.migration import Migrator
-from router.params import MAX_SEED, validate
+from router.params import MAX_SEED, logits_controls, validate
 from router.placement import NoLiveWorker, Placement
 from router.request_table import RequestTable
 from router.requests import InvalidRequest, NotReady, RequestHandle, RequestParams
@@ -233,6 +233,8 @@ class RouterCore:
                 params.min_tokens,
             ),
             params.logprobs,
+            logits_controls(params),
+            params.grammar,
         )  # fmt: skip
         try:
             protocol.decode(protocol.encode(msg))
