@@ -55,11 +55,10 @@ class FirstToken:
         scores = prefix.prompt_logprobs
         if scores is None:
             return None
+        lps, ranks = scores.logprobs.tolist(), scores.ranks.tolist()
         if scores.top is None:
-            return PromptScores(scores.logprobs.tolist())
-        return PromptScores(
-            scores.logprobs.tolist(), scores.top.ids.tolist(), scores.top.logprobs.tolist()
-        )
+            return PromptScores(lps, ranks)
+        return PromptScores(lps, ranks, scores.top.ids.tolist(), scores.top.logprobs.tolist())
 
 
 def output_so_far(req: GenerateRequest) -> list[int]:

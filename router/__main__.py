@@ -42,6 +42,7 @@ from splitserve.procutil import die_with_parent, freeze_startup_objects, pin_cpu
 from splitserve.role_main import configure_logging
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
+from splitserve.tokenizers.chat_sources import use_template_file
 
 log = logging.getLogger("router")
 
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None, serve_fn=serve) -> int:
     try:
         config = load_config(args.config)
         tokenizer = load_tokenizer(tokenizer_path(config.model))
+        use_template_file(tokenizer, config.model.chat_template)  # --chat-template FILE
     except (OSError, ValueError, KeyError) as exc:
         log.error("cannot start: %s", exc)
         return 2

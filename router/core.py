@@ -45,6 +45,7 @@ from router.requests import InvalidRequest, NotReady, RequestHandle, RequestPara
 from router.workers import WorkerState, WorkerTable
 from splitserve import protocol
 from splitserve.config import ClusterConfig
+from splitserve.engine.capabilities import supports_controls
 from splitserve.engine.interface import SamplingParams
 from splitserve.message_limits import max_message_bytes
 from splitserve.protocol import (
@@ -164,6 +165,7 @@ class RouterCore:
         reserved and a place in the pipeline taken; every failure from there on gives both back."""
         submitted = time.monotonic()
         params = validate(prompt, params, self.vocab_size, self.config.model.max_seq_len)
+        self._check_engine(params)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         unstamped = self._request_message(rid, prompt, params)
         self.requests.reserve(rid, claimed)
@@ -208,6 +210,17 @@ class RouterCore:
                 self.metrics.rejected.labels("not_ready").inc()
                 raise NotReady("a worker is being replaced: try again later")
             await asyncio.sleep(DRAIN_POLL_S)
+
+    def _check_engine(self, params: RequestParams) -> None:
+        """Refuse what the configured engine cannot do (InvalidRequest)."""
+        engine = self.config.model.engine
+        if (params.grammar or logits_controls(params) is not None) and not supports_controls(
+            engine
+        ):
+            raise InvalidRequest(
+                f"the {engine} engine does not apply grammars, penalties, logit_bias, min_p,"
+                " bad_words, top_logprobs or prompt logprobs yet", code="unsupported_by_engine",
+            )  # fmt: skip
 
     def _request_message(
         self, rid: str, prompt: list[int], params: RequestParams

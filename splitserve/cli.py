@@ -31,6 +31,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--api-key", default=os.environ.get("SPLITSERVE_API_KEY"))
     p.add_argument("--ready-timeout", type=float, default=900.0)
+    add_chat_template_arg(p)
+
+
+def add_chat_template_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--chat-template", metavar="FILE",
+        help="a Jinja chat template that replaces the model's own (model.chat_template)",
+    )  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace):
@@ -43,6 +51,7 @@ def config_from_args(args: argparse.Namespace):
                 "engine": args.engine,
                 "num_slots": args.slots,
                 "max_seq_len": args.max_seq_len,
+                "chat_template": getattr(args, "chat_template", None),
             },
             "cluster": {"mode": args.mode, "detok_workers": args.detok_workers},
             "router": {"host": args.host, "port": args.port, "api_key": args.api_key},

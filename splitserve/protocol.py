@@ -108,10 +108,11 @@ class DetokParams:
 @dataclass
 class PromptScores:
     """A prompt's logprobs, from the prefill worker to the router (echo, prompt_logprobs):
-    logprobs[i] is that of prompt token i + 1; top_ids / top_logprobs are empty, or one list of
-    alternatives (best first) per scored token."""
+    logprobs[i] and ranks[i] are those of prompt token i + 1; top_ids / top_logprobs are empty,
+    or one list of alternatives (best first) per scored token."""
 
     logprobs: list[float]
+    ranks: list[int]
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
 
@@ -489,6 +490,7 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
     },
     PromptScores: {
         "logprobs": Items(LOGPROB, 0, MAX_WIRE_PROMPT),
+        "ranks": Items(Int(1, INT32_MAX), 0, MAX_WIRE_PROMPT),
         "top_ids": TOP_IDS,
         "top_logprobs": TOP_LOGPROBS,
     },
@@ -608,6 +610,8 @@ def _prefix_alternatives(m: PrefixHeader) -> None:
 
 
 def _prompt_scores(m: PromptScores) -> None:
+    if len(m.ranks) != len(m.logprobs):
+        raise WireError("PromptScores: one rank per logprob")
     _alternatives(m, len(m.logprobs))
 
 

@@ -3,7 +3,8 @@
 import annotated_types
 import pytest
 
-from router.http.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequestBody
+from router.http.chat_schemas import ChatCompletionRequest
+from router.http.schemas import CompletionRequest, GenerateRequestBody
 from router.params import BOUNDS, validate
 from router.requests import InvalidRequest, RequestParams
 

@@ -29,7 +29,7 @@ INT64 = (-(2**63), 2**63 - 1)
 INT32_FIELDS = {  # engines index int32 arrays with these, so they are non-negative int32
     "detok_index", "prompt", "top_k", "max_tokens", "min_tokens", "eos_ids", "stop_token_ids",
     "length", "first_token", "seqs", "tokens", "token_ids", "index", "pid", "context",
-    "bias_ids", "bad_words", "top_ids", "first_top_ids", "top_logprobs",
+    "bias_ids", "bad_words", "top_ids", "first_top_ids", "top_logprobs", "ranks",
 }  # fmt: skip
 ID_FIELDS = {"request_id", "request_ids"}
 
@@ -147,6 +147,8 @@ def assert_well_typed(obj, where: str = "") -> None:
     if isinstance(obj, protocol.TokenBatch | protocol.TextDelta | protocol.PromptScores):
         n = len(obj.token_ids if isinstance(obj, protocol.TextDelta) else obj.logprobs)
         assert len(obj.top_ids) == len(obj.top_logprobs) in (0, n)
+        if isinstance(obj, protocol.PromptScores):
+            assert len(obj.ranks) == n and all(r >= 1 for r in obj.ranks)
         assert [len(a) for a in obj.top_ids] == [len(b) for b in obj.top_logprobs]
     if isinstance(obj, protocol.LogitsControls):
         assert len(obj.bias_ids) == len(obj.bias_values) == len(set(obj.bias_ids))

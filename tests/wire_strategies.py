@@ -77,6 +77,8 @@ def alternatives(draw, n: int):
 def prompt_scores(draw):
     n = draw(st.integers(0, 6))
     return protocol.PromptScores(draw(st.lists(logprobs, min_size=n, max_size=n)),
+                                 draw(st.lists(st.integers(1, 2**31 - 1), min_size=n,
+                                               max_size=n)),
                                  *draw(alternatives(n)))  # fmt: skip
 
 

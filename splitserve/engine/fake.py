@@ -9,14 +9,17 @@ Which token (the formula's choice c):
 
 Its "logits" around that choice, for every token v of the vocabulary V:
 
-    z[v] = -s * ((v - c) mod V),   s = (1 + c mod 10) / 10
+    z[v] = -s * d(v),   d(v) = ((v - c) * P) mod V,   s = (1 + c mod 10) / 10
 
-so c is the most likely token and the likelihood falls off going up the ids (cyclically). The
+with P = 7919 (or the next prime after it that does not divide V), so that d is a permutation of
+0..V-1: c is the most likely token (d = 0), then c + P^-1, c + 2 P^-1, ... (mod V), a fixed
+shuffle of the vocabulary (without it, the allowed tokens nearest to c would be the same few
+for most c, and constrained output would repeat one token forever). The
 engine interface's processing applies to z in its documented order (splitserve/engine/
 interface.py): grammar mask, bad words (not applied when they would leave no token), logit bias,
 repetition / frequency / presence penalties, temperature, min-p, top-k, top-p. The fake never
-draws: its token is the argmax of the processed z, ties going to the first in the order c, c+1,
-c+2, ... (so under a grammar mask alone it picks the allowed token nearest above its choice).
+draws: its token is the argmax of the processed z, ties going to the smaller d (so under a
+grammar mask alone it picks the allowed token of the smallest d).
 Its logprobs are log_softmax of the processed z (temperature included, as the interface says);
 top-k alternatives are the k largest, ties in the same order. A slot without any of that (no
 controls, no mask, no top-k / top-p) gets c and its logprob in closed form, fake_logprob(c):
@@ -72,10 +75,28 @@ def fake_slope(choice: int) -> float:
     return (1 + choice % 10) / 10
 
 
+def fake_stride(vocab_size: int) -> int:
+    """P: 7919, or the next prime that does not divide the vocabulary size."""
+    p = 7919
+    while vocab_size % p == 0 or any(p % q == 0 for q in range(2, int(p**0.5) + 1)):
+        p += 1
+    return p
+
+
+def fake_distance(choice: int, vocab_size: int) -> np.ndarray:
+    """d [V] int64: each token's rank in the fake's order (0 for the choice itself)."""
+    return ((np.arange(vocab_size) - choice) * fake_stride(vocab_size)) % vocab_size
+
+
+def fake_order(choice: int, vocab_size: int) -> np.ndarray:
+    """The tokens by d: order[j] has d = j."""
+    step = pow(fake_stride(vocab_size), -1, vocab_size)
+    return (choice + np.arange(vocab_size) * step) % vocab_size
+
+
 def fake_logits(choice: int, vocab_size: int) -> np.ndarray:
     """z [V] float64 around the formula's choice (see the module docstring)."""
-    distance = (np.arange(vocab_size) - choice) % vocab_size
-    return -fake_slope(choice) * distance
+    return -fake_slope(choice) * fake_distance(choice, vocab_size)
 
 
 def fake_logprob(token: int, vocab_size: int, temperature: float = 0.0) -> float:
@@ -164,10 +185,9 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
 
 
 def _pick(z: np.ndarray, choice: int, k: int) -> tuple[int, float, np.ndarray, np.ndarray]:
-    """(token, its logprob, top-k ids, top-k logprobs) of processed z; ties in the order c, c+1."""
-    vocab = z.size
+    """(token, its logprob, top-k ids, top-k logprobs) of processed z; ties by d."""
     logp = _log_softmax(z)
-    order = (np.arange(vocab) + choice) % vocab  # c, c+1, ...
+    order = fake_order(choice, z.size)
     rolled = logp[order]
     token = int(order[int(np.argmax(rolled))])
     top = order[np.argsort(-rolled, kind="stable")[:k]]
@@ -315,6 +335,7 @@ def fake_prompt_logprobs(tokens: Sequence[int], vocab: int, k: int) -> PromptLog
     """prompt[i] scored against a prefill of prompt[:i] (closed form, see the module docstring)."""
     n = len(tokens)
     lps = np.zeros(max(n - 1, 0), np.float32)
+    ranks = np.zeros(max(n - 1, 0), np.int32)
     ids = np.zeros((max(n - 1, 0), k), np.int32)
     tops = np.zeros((max(n - 1, 0), k), np.float32)
     total = 0
@@ -323,7 +344,9 @@ def fake_prompt_logprobs(tokens: Sequence[int], vocab: int, k: int) -> PromptLog
         c = (2 * total) % vocab
         s = fake_slope(c)
         log_z = math.log(-math.expm1(-s * vocab) / -math.expm1(-s))
-        lps[i - 1] = -s * ((int(tokens[i]) - c) % vocab) - log_z
-        ids[i - 1] = (c + np.arange(k)) % vocab
+        d = int(fake_distance(c, vocab)[int(tokens[i])])
+        lps[i - 1] = -s * d - log_z
+        ranks[i - 1] = d + 1
+        ids[i - 1] = fake_order(c, vocab)[:k]
         tops[i - 1] = -s * np.arange(k) - log_z
-    return PromptLogprobs(lps, TopLogprobs(ids, tops) if k else None)
+    return PromptLogprobs(lps, ranks, TopLogprobs(ids, tops) if k else None)

@@ -96,6 +96,7 @@ class PromptLogprobs:
     """log P(prompt[i] | prompt[:i]) for i = 1..n-1 (the first token has none), with top-k."""
 
     logprobs: np.ndarray  # [n - 1] float32
+    ranks: np.ndarray  # [n - 1] int32: 1 + how many tokens were more likely than prompt[i]
     top: TopLogprobs | None  # [n - 1, k], when k > 0 was asked for
 
 

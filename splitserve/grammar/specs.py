@@ -12,6 +12,9 @@ from splitserve.grammar.matcher import GrammarError
 
 MAX_GRAMMAR_CHARS = 256 << 10  # a serialized grammar (schemas of thousands of fields fit)
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+# JSON as OpenAI writes it (", " and ": ", no other whitespace): vLLM's --disable-any-whitespace.
+# Free whitespace lets a small model (or the fake engine) pad output with it until max_tokens.
+JSON_OPTIONS = {"whitespace_flexible": False}
 
 
 def from_json_schema(schema: Any) -> str:
@@ -20,7 +23,9 @@ def from_json_schema(schema: Any) -> str:
     if not isinstance(schema, dict | bool):
         raise GrammarError("a JSON schema must be an object (or true / false)")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults=JSON_OPTIONS
+        )
     except (ValueError, TypeError) as exc:
         raise GrammarError(f"invalid JSON schema: {exc}") from None
     return checked(grammar)
