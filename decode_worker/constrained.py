@@ -18,12 +18,14 @@ from concurrent.futures import Future
 import numpy as np
 
 from decode_worker.slots import Slot
-from splitserve.engine.interface import Engine, Prefix, StepOutput, TopLogprobs
+from splitserve.engine.interface import Engine, LogitsControls, Prefix, StepOutput, TopLogprobs
 from splitserve.grammar.masks import SlotGrammars
 from splitserve.grammar.matcher import GrammarState
 from splitserve.protocol import PrefixHeader
 
 log = logging.getLogger(__name__)
+
+NEUTRAL = LogitsControls()
 
 
 class ConstrainedSlots:
@@ -66,9 +68,11 @@ class ConstrainedSlots:
             context, n = header.context, header.first_seq
             so_far = context[len(context) - n :] if n else []  # the output before first_token
             grammar.replay([*so_far, header.first_token])
-        controls = header.controls
+        # a grammar alone still takes the controlled path (neutral controls): its first token
+        # was the mask's choice, not the model's own
+        controls = header.controls or NEUTRAL
         self.engine.insert(prefix, slot, header.sampling, controls=controls)  # type: ignore[call-arg]
-        state.top_logprobs = controls.top_logprobs if controls is not None else 0
+        state.top_logprobs = controls.top_logprobs
         if state.top_logprobs and header.first_top_ids:
             state.tops.append((list(header.first_top_ids), list(header.first_top_logprobs)))
         elif state.top_logprobs:

@@ -259,7 +259,8 @@ def test_completion_logprobs(stack, tok, model):
         model=model, prompt=prompt, max_tokens=10, logprobs=1, extra_body={"ignore_eos": True}
     )
     lp = out.choices[0].logprobs
-    assert lp.token_logprobs == pytest.approx([fake_logprob(t, tok.vocab_size) for t in tokens], abs=1e-6)
+    want = [fake_logprob(t, tok.vocab_size) for t in tokens]
+    assert lp.token_logprobs == pytest.approx(want, abs=1e-6)
     assert len(lp.tokens) == len(lp.text_offset) == len(lp.top_logprobs) == 10
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     assert all(len(d) == 1 for d in lp.top_logprobs)

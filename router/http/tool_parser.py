@@ -110,7 +110,7 @@ class ToolCallStream:
             self._arguments_at = match.end()
             self._sent = 0
             events.append(Event(index=self._streaming.index, id=self._streaming.id, name=name))
-        body = block[self._arguments_at :]
+        body = block[self._arguments_at :].lstrip()
         if not body.startswith("{"):  # not an object (yet, or at all): sent whole at the close
             return
         end = _json_value_end(body)

@@ -100,6 +100,7 @@ def call_grammar(tools: list[Tool], only: str | None, parallel: bool) -> str:
     rules = []
     for i, tool in enumerate(chosen):
         schema = {
+            "x-guidance": specs.JSON_OPTIONS,  # no free whitespace, as in structured output
             "type": "object",
             "properties": {
                 "name": {"const": tool.function.name},
