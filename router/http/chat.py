@@ -24,6 +24,7 @@ from router.http.structured import output_grammar
 from router.http.tool_parser import Event, ToolCallStream, parse_calls
 from router.http.tools import call_grammar
 from router.requests import Delta
+from splitserve.grammar.matcher import GrammarError
 
 routes = APIRouter()
 
@@ -48,7 +49,12 @@ def chat_params(ctx: ServerContext, body: ChatCompletionRequest, prompt_tokens: 
             raise APIError(400, "a required tool call and response_format cannot both shape"
                            " the output", param="tool_choice")  # fmt: skip
         assert body.tools is not None
-        grammar = call_grammar(body.tools, None if mode == "required" else mode, body.parallel())
+        try:
+            grammar = call_grammar(body.tools, None if mode == "required" else mode,
+                                   body.parallel())  # fmt: skip
+        except GrammarError as exc:
+            raise APIError(400, f"tools: a function's parameters cannot be enforced: {exc}",
+                           param="tools", code="invalid_grammar") from None
     top = (body.top_logprobs or 0) if body.logprobs else 0
     return core_params(ctx, body, prompt_tokens, body.output_tokens(), bool(body.logprobs), top,
                        grammar)  # fmt: skip
