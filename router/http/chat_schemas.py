@@ -63,7 +63,7 @@ class ChatMessage(RefusingModel):
     @field_validator("tool_calls")
     @classmethod
     def _assistant_calls(cls, v: list[ToolCall] | None, info: ValidationInfo):
-        if v and info.data.get("role") != "assistant":
+        if v is not None and info.data.get("role") != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         for call in v or ():
             try:

@@ -23,6 +23,9 @@ _NAME_FIRST = re.compile(
 )
 
 
+_BLOCK = re.compile(re.escape(CALL_OPEN) + "(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+
+
 @dataclass
 class Call:
     index: int
@@ -147,10 +150,32 @@ class ToolCallStream:
 
 
 def parse_calls(text: str) -> tuple[str, list[Call]]:
-    """(content, calls) of a whole output."""
-    stream = ToolCallStream()
-    events = stream.feed(text) + stream.finish()
-    return "".join(e.content for e in events), stream.calls
+    """(content, calls) of a whole output: each closed block that is a call; the rest (a block
+    cut off by max_tokens included) is content. As streamed, a call's arguments are its JSON as
+    written when the name comes first, else re-encoded."""
+    content, calls, at = [], [], 0
+    for block in _BLOCK.finditer(text):
+        parsed = _parse_call(block.group(1))
+        if parsed is None:
+            continue
+        _add_content(content, text[at : block.start()], after_call=bool(calls))
+        at = block.end()
+        match = _NAME_FIRST.match(block.group(1))
+        arguments = parsed[1]
+        if match is not None:
+            written = block.group(1)[match.end() :].lstrip()
+            end = _json_value_end(written) if written.startswith("{") else None
+            if end is not None:
+                arguments = written[:end]
+        calls.append(Call(len(calls), new_call_id(), parsed[0], arguments))
+    _add_content(content, text[at:], after_call=bool(calls))
+    return "".join(content), calls
+
+
+def _add_content(content: list[str], text: str, after_call: bool) -> None:
+    """As the stream does: whitespace between and after calls is no content."""
+    if text and (text.strip() or not after_call):
+        content.append(text)
 
 
 def _parse_call(block: str) -> tuple[str, str] | None:
