@@ -46,8 +46,6 @@ class ChatMessage(RefusingModel):
     tool_call_id: str | None = Field(None, max_length=256)
     refusal: str | None = None  # an assistant's earlier refusal: rendered as its content
     reasoning_content: str | None = None  # vLLM's: kept for templates that render it
-    audio: Any = None
-    function_call: Any = None
 
     @field_validator("content", mode="wrap")
     @classmethod

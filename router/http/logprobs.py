@@ -13,6 +13,14 @@ from typing import Any
 from router.http.context import ServerContext
 from splitserve.protocol import PromptScores
 
+# JSON has no -inf: a token filtered out of the distribution (top-k, top-p, min-p, a grammar)
+# has this logprob instead, as vLLM writes it
+FLOOR = -9999.0
+
+
+def _finite(logprob: float | None) -> float | None:
+    return logprob if logprob is None or logprob > FLOOR else FLOOR
+
 
 def _text(ctx: ServerContext, token: int, skip_special_tokens: bool) -> str:
     return ctx.token_bytes(token, skip_special_tokens).decode("utf-8", "replace")
@@ -41,15 +49,15 @@ def completion_logprobs(
             if lp is None:
                 tops.append(None)
                 continue
-            alternatives = {text: lp}
+            alternatives = {text: _finite(lp)}
             ids = top_ids[i] if top_ids else []
             for a, alp in zip(ids[:top], (top_logprobs[i] if top_logprobs else [])[:top],
                               strict=True):  # fmt: skip
-                alternatives.setdefault(_text(ctx, a, skip_special_tokens), alp)
+                alternatives.setdefault(_text(ctx, a, False), _finite(alp))  # "" tells nothing
             tops.append(alternatives)
     return {
         "tokens": tokens,
-        "token_logprobs": list(logprobs),
+        "token_logprobs": [_finite(lp) for lp in logprobs],
         "text_offset": offsets,
         "top_logprobs": tops if top else None,
     }
@@ -70,9 +78,8 @@ def chat_logprobs(
         entry = _entry(ctx, t, lp, skip_special_tokens)
         ids = top_ids[i] if top_ids else []
         lps = top_logprobs[i] if top_logprobs else []
-        entry["top_logprobs"] = [
-            _entry(ctx, a, alp, skip_special_tokens)
-            for a, alp in zip(ids[:top], lps[:top], strict=True)
+        entry["top_logprobs"] = [  # a special token's own text: an empty one tells nothing
+            _entry(ctx, a, alp, False) for a, alp in zip(ids[:top], lps[:top], strict=True)
         ]
         content.append(entry)
     return {"content": content}
@@ -80,7 +87,8 @@ def chat_logprobs(
 
 def _entry(ctx: ServerContext, token: int, logprob: float, skip: bool) -> dict[str, Any]:
     raw = ctx.token_bytes(token, skip)
-    return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+    return {"token": raw.decode("utf-8", "replace"), "logprob": _finite(logprob),
+            "bytes": list(raw)}  # fmt: skip
 
 
 def prompt_logprobs(
@@ -92,11 +100,11 @@ def prompt_logprobs(
         return None
     out: list[dict[str, dict[str, Any]] | None] = [None]
     for i, token in enumerate(prompt[1:]):
-        entry = {str(token): {"logprob": scores.logprobs[i], "rank": scores.ranks[i],
+        entry = {str(token): {"logprob": _finite(scores.logprobs[i]), "rank": scores.ranks[i],
                               "decoded_token": _text(ctx, token, False)}}  # fmt: skip
         ids = scores.top_ids[i] if scores.top_ids else []
         for rank, (a, alp) in enumerate(zip(ids, scores.top_logprobs[i], strict=True), 1):
-            entry.setdefault(str(a), {"logprob": alp, "rank": rank,
+            entry.setdefault(str(a), {"logprob": _finite(alp), "rank": rank,
                                       "decoded_token": _text(ctx, a, False)})  # fmt: skip
         out.append(entry)
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from router.http.chat_schemas import ChatCompletionRequest
 from router.http.errors import APIError, validation_error
@@ -92,8 +92,6 @@ class ResponsesRequest(RefusingModel):
         "moderation": (NONE, "moderation is not supported by this server"),
         "image": (NONE, "this server serves text models only"),
         "access_programs": (NONE, "not supported by this server"),
-        "include": ((None, [], ["message.output_text.logprobs"]),
-                    "only message.output_text.logprobs can be included"),
     }
 
     model: str | None = None
@@ -112,10 +110,13 @@ class ResponsesRequest(RefusingModel):
     text: TextConfig | None = None
     user: str | None = Field(None, max_length=256)
     safety_identifier: str | None = Field(None, max_length=256)
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
-    previous_response_id: Any = None
+
+    @field_validator("include")
+    @classmethod
+    def _include(cls, v: list[str] | None) -> list[str] | None:
+        if v and set(v) != {"message.output_text.logprobs"}:
+            raise ValueError("only message.output_text.logprobs can be included")
+        return v
 
     def logprobs_wanted(self) -> bool:
         return bool(self.include) or bool(self.top_logprobs)

@@ -89,17 +89,19 @@ class StrictModel(BaseModel):
 
 class RefusingModel(StrictModel):
     """A model some of whose fields this server cannot honour: REFUSED maps each to the values
-    it takes (their neutral ones); any other value is a 400 naming the field and saying why."""
+    it takes (their neutral ones, which change nothing: they are dropped here); any other
+    value is a 400 naming the field and saying why."""
 
     REFUSED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _refuse(cls, data: Any) -> Any:
-        if isinstance(data, dict):
+        if isinstance(data, dict) and not cls.REFUSED.keys().isdisjoint(data):
             for name, (neutral, why) in cls.REFUSED.items():
                 if name in data and data[name] not in neutral:
                     raise RefusedField(name, why)
+            data = {k: v for k, v in data.items() if k not in cls.REFUSED}
         return data
 
 
