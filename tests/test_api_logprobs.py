@@ -115,9 +115,10 @@ def test_bad_words_are_never_completed(client, model, tok):
         model=model, prompt=prompt, max_tokens=N, temperature=0,
         extra_body={"bad_words": [word], "ignore_eos": True},
     )  # fmt: skip
-    sequences = {tuple(tok.encode(w, add_special_tokens=False)) for w in (word, " " + word.lstrip())}
-    want = ref.generate(prompt, tok.vocab_size, ref.Request(bad_words=[list(s) for s in sequences
-                                                                        if s]), N)  # fmt: skip
+    spellings = (word, " " + word.lstrip())  # alone and after a space, as vLLM tokenizes them
+    sequences = [tok.encode(w, add_special_tokens=False) for w in spellings]
+    want = ref.generate(prompt, tok.vocab_size, ref.Request(bad_words=[s for s in sequences if s]),
+                        N)  # fmt: skip
     assert out.choices[0].text == tok.decode([t for t, _, _ in want])
     assert out.choices[0].text != tok.decode([t for t, _, _ in plain])
 
