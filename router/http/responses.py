@@ -19,13 +19,14 @@ from router.http.chat import chat_params
 from router.http.chat_schemas import ChatCompletionRequest
 from router.http.chat_templates import render_prompt
 from router.http.context import ServerContext
-from router.http.errors import INTERNAL
+from router.http.errors import INTERNAL, APIError
 from router.http.generation import Choice, Generation
 from router.http.logprobs import chat_logprobs
-from router.http.responses_schemas import ResponsesRequest
+from router.http.responses_schemas import ResponsesRequest, in_responses_terms
 from router.http.schemas import parse_body
 from router.http.streaming import SSE_HEADERS
 from router.http.tool_parser import Event, ToolCallStream, parse_calls
+from router.requests import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,14 @@ async def create_response(request: Request) -> Response:
     ctx: ServerContext = request.app.state.ctx
     ctx.check_model(body.model)
     chat = body.as_chat()
-    prompt = await render_prompt(ctx, chat)
     gen = Generation(ctx, request)
-    await gen.start([prompt], 1, chat_params(ctx, chat, len(prompt)))
+    try:
+        prompt = await render_prompt(ctx, chat)
+        await gen.start([prompt], 1, chat_params(ctx, chat, len(prompt)))
+    except APIError as exc:
+        raise in_responses_terms(exc) from None
+    except RequestError as exc:
+        raise in_responses_terms(APIError.from_core(exc)) from None
     out = ResponseOutput(ctx, gen, body, chat)
     if body.stream:
         return StreamingResponse(out.events(), media_type="text/event-stream",

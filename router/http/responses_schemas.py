@@ -15,6 +15,18 @@ from router.http.schemas import NONE, OPENAI_REFUSED, RefusingModel, StreamOptio
 from router.params import BOUNDS
 
 STATELESS = "this server keeps no state between responses"
+# the chat request's field names, as the Responses API calls them
+CHAT_TO_RESPONSES = {"messages": "input", "max_completion_tokens": "max_output_tokens",
+                     "max_tokens": "max_output_tokens", "response_format": "text"}  # fmt: skip
+
+
+def in_responses_terms(error: APIError) -> APIError:
+    """An error about the chat request that serves a Responses request, naming its field."""
+    param = CHAT_TO_RESPONSES.get(error.param or "", error.param)
+    message = error.message
+    if error.param in CHAT_TO_RESPONSES and message.startswith(f"{error.param}"):
+        message = param + message[len(error.param) :]
+    return APIError(error.status, message, error.kind, param, error.code)
 
 
 class InputText(StrictModel):
@@ -156,10 +168,7 @@ class ResponsesRequest(RefusingModel):
             )
         except ValidationError as exc:
             error = validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
-            names = {"messages": "input", "max_completion_tokens": "max_output_tokens",
-                     "response_format": "text"}  # fmt: skip
-            param = names.get(error.param or "", error.param)
-            raise APIError(400, error.message, param=param, code=error.code) from None
+            raise in_responses_terms(error) from None
 
     def _messages(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
