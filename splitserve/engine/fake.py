@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -75,6 +76,7 @@ def fake_slope(choice: int) -> float:
     return (1 + choice % 10) / 10
 
 
+@lru_cache(maxsize=8)
 def fake_stride(vocab_size: int) -> int:
     """P: 7919, or the next prime that does not divide the vocabulary size."""
     p = 7919
@@ -190,6 +192,8 @@ def _pick(z: np.ndarray, choice: int, k: int) -> tuple[int, float, np.ndarray, n
     order = fake_order(choice, z.size)
     rolled = logp[order]
     token = int(order[int(np.argmax(rolled))])
+    if not k:
+        return token, float(logp[token]), np.zeros(0, np.int32), np.zeros(0, np.float32)
     top = order[np.argsort(-rolled, kind="stable")[:k]]
     return token, float(logp[token]), top.astype(np.int32), logp[top].astype(np.float32)
 
