@@ -21,6 +21,7 @@ from decode_worker.slots import Slot
 from splitserve.engine.interface import Engine, LogitsControls, Prefix, StepOutput, TopLogprobs
 from splitserve.grammar.masks import SlotGrammars
 from splitserve.grammar.matcher import GrammarState
+from splitserve.grammar.vocabulary import ready
 from splitserve.protocol import PrefixHeader
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class ConstrainedSlots:
         grammar = None
         if header.grammar:
             ends = [*header.stop.eos_ids, *header.stop.stop_token_ids]
-            grammar = GrammarState(self.vocabulary.result(), header.grammar, ends)
+            grammar = GrammarState(ready(self.vocabulary), header.grammar, ends)
             context, n = header.context, header.first_seq
             so_far = context[len(context) - n :] if n else []  # the output before first_token
             grammar.replay([*so_far, header.first_token])

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 
 from splitserve.engine.interface import Engine, Prefix
 from splitserve.grammar.matcher import GrammarState
+from splitserve.grammar.vocabulary import ready
 from splitserve.protocol import GenerateRequest, PromptScores
 
 
@@ -30,7 +31,7 @@ class FirstToken:
         mask = None
         if req.grammar:
             ends = [*req.stop.eos_ids, *req.stop.stop_token_ids]
-            grammar = GrammarState(self.vocabulary.result(), req.grammar, ends)
+            grammar = GrammarState(ready(self.vocabulary), req.grammar, ends)
             grammar.replay(output_so_far(req))
             mask = grammar.mask()
         return self.engine.prefill(  # type: ignore[call-arg]

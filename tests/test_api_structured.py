@@ -223,3 +223,11 @@ def test_litellm_json_mode(stack, model):
         response_format={"type": "json_object"},
     )  # fmt: skip
     assert out.choices[0].message.content.startswith("{")
+
+
+def test_the_native_endpoint_takes_a_grammar_too(stack):
+    with stack.http() as c:
+        r = c.post("/generate", json={"prompt": "pick", "max_tokens": 20,
+                                      "guided_choice": ["north", "south"]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] in ("north", "south") and r.json()["finish_reason"] == "stop"

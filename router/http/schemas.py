@@ -321,6 +321,11 @@ class CompletionRequest(SamplingRequest):
 class GenerateRequestBody(SamplingRequest):
     """POST /generate: the native endpoint, one prompt as text or token ids."""
 
+    REFUSED = {
+        **SamplingRequest.REFUSED,
+        "prompt_logprobs": (NONE, "not returned by /generate: use /v1/completions"),
+    }
+
     n: int = Field(1, ge=1, le=1)
     prompt: str | None = None
     prompt_token_ids: list[TokenId] | None = Field(None, validate_default=True)

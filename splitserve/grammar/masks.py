@@ -108,9 +108,10 @@ def _compute(slots, states, words: int) -> dict[int, np.ndarray | GrammarError]:
         try:
             state.fill(row)
             out[slot] = row
-        except GrammarError as exc:
-            state.failed = str(exc)  # advance() reports it, whatever token the step gave
-            out[slot] = exc
+        except Exception as exc:  # noqa: BLE001 - one request's grammar fails, not the loop
+            error = exc if isinstance(exc, GrammarError) else GrammarError(f"grammar engine: {exc}")
+            state.failed = str(error)  # advance() reports it, whatever token the step gave
+            out[slot] = error
     return out
 
 

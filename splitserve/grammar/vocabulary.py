@@ -56,6 +56,17 @@ def build_in_background(load, vocab_size: int) -> Future:
     return future
 
 
+def ready(vocabulary: Future) -> llguidance.LLTokenizer:
+    """The built vocabulary (waiting for it); GrammarError when it could not be built, so that
+    the request fails and the worker goes on."""
+    from splitserve.grammar.matcher import GrammarError
+
+    try:
+        return vocabulary.result()
+    except Exception as exc:  # noqa: BLE001 - whatever the build raised
+        raise GrammarError(f"this worker cannot build grammars for its vocabulary: {exc}") from None
+
+
 def for_model(model, vocab_size: int) -> Future:
     """The grammar vocabulary of a worker's model (a ModelConfig), built in the background."""
     from splitserve.tokenizer_path import tokenizer_path
