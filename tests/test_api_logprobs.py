@@ -31,16 +31,6 @@ def tok(tokenizer_512):
     return load_tokenizer(tokenizer_512)
 
 
-@pytest.fixture(scope="module")
-def client(stack):
-    return stack.openai()
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def shown(logprob: float) -> float:
     return max(logprob, -9999.0)  # JSON has no -inf: vLLM's floor
 

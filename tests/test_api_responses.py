@@ -32,16 +32,6 @@ def tok(tokenizer_8000):
     return load_tokenizer(tokenizer_8000)
 
 
-@pytest.fixture(scope="module")
-def client(stack):
-    return stack.openai()
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def expected_text(tok, messages, n):
     prompt = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
     tokens, reason = expected_fake_tokens(prompt, tok.vocab_size, n, tok.eos_ids)

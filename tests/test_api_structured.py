@@ -33,16 +33,6 @@ def stack(tokenizer_8000):
 
 
 @pytest.fixture(scope="module")
-def client(stack):
-    return stack.openai()
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
-@pytest.fixture(scope="module")
 def prefix_of(tokenizer_8000):
     """prefix_of(schema, text): text is the start of some output valid against schema (the
     grammar engine reads it byte by byte, whatever its tokenization)."""

@@ -37,16 +37,6 @@ def stack(tokenizer_8000):
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(stack):
-    return stack.openai()
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def assert_valid_calls(calls):
     assert calls
     for call in calls:
