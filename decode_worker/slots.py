@@ -30,6 +30,9 @@ class Slot:
     tokens: array = field(default_factory=lambda: array("i"))
     logprobs: array = field(default_factory=lambda: array("d"))
     finish: int = 0  # TokenFinish of its last token, once it has finished
+    # alternatives asked for per token, and those of each token kept (for a Repin), when > 0
+    top_logprobs: int = 0
+    tops: list[tuple[list[int], list[float]]] = field(default_factory=list)
 
 
 _state = itemgetter(1)

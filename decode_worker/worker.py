@@ -27,10 +27,11 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
+from decode_worker.constrained import ConstrainedSlots
 from decode_worker.prefix_check import prefix_problem
 from decode_worker.slots import Slot, SlotTable
 from splitserve import protocol
-from splitserve.engine.interface import Prefix
+from splitserve.grammar import vocabulary
 from splitserve.protocol import (
     Abort,
     DecodeLoad,
@@ -56,6 +57,9 @@ class DecodeWorker(WorkerLoop):
     def setup(self) -> None:
         config = self.config
         self.engine = self.make_engine()
+        self.constrained = ConstrainedSlots(
+            self.engine, vocabulary.for_model(config.model, self.engine.vocab_size)
+        )
         self.detok_senders("decode_to_detok")
         self.slots = SlotTable(self.engine.num_slots)
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
@@ -119,6 +123,10 @@ class DecodeWorker(WorkerLoop):
             self.failed_inserts += 1
             self.fail([rid], [header.epoch], f"cannot insert prefix: {problem}")
             return
+        refusal = self.constrained.refusal(header)
+        if refusal is not None:
+            self.fail([rid], [header.epoch], refusal)
+            return
         if len(self.pending) >= self.max_pending:
             self.fail([rid], [header.epoch], "decode worker overloaded: pending queue full")
             return
@@ -138,7 +146,7 @@ class DecodeWorker(WorkerLoop):
         if state is not None and state.epoch <= epoch:
             slot = self.slots.release(rid)
             log.info("%s released from slot %d", rid, slot)
-            self.engine.free(slot)
+            self.free(slot)
             self.finished[rid] = (time.monotonic(), state)  # a stop string: the stream ended
             return
         finished = self.finished.get(rid)
@@ -175,8 +183,9 @@ class DecodeWorker(WorkerLoop):
         last = len(state.tokens) - 1
         for offset in range(start, len(state.tokens)):
             finish = state.finish if offset == last else TokenFinish.NONE
+            top = state.tops[offset] if state.tops else None
             self.append(batch, state, state.first_seq + offset, state.tokens[offset],
-                        state.logprobs[offset], finish)  # fmt: skip
+                        state.logprobs[offset], finish, top)  # fmt: skip
         log.info("%s repinned to detok %d at epoch %d from seq %d", state.request_id, detok,
                  epoch, from_seq)  # fmt: skip
 
@@ -194,10 +203,8 @@ class DecodeWorker(WorkerLoop):
             start = time.perf_counter()
             try:
                 kv = protocol.arrays_from_frames(header.kv_meta, frames)
-                prefix = Prefix(
-                    kv, header.length, header.first_token, header.first_logprob, header.first_seq
-                )
-                self.engine.insert(prefix, slot, header.sampling)
+                prefix = self.constrained.prefix(header, kv)
+                self.constrained.insert(header, prefix, slot, state)
             except (protocol.ProtocolError, ValueError) as exc:
                 self.slots.release(rid)  # the engine never took it: nothing to free there
                 self.failed_inserts += 1
@@ -218,13 +225,31 @@ class DecodeWorker(WorkerLoop):
         if self._last_step_start is not None:
             self.step_gap.observe(start - self._last_step_start)
         self._last_step_start = start
-        out = self.engine.generate()
+        out, broken = self.constrained.generate()
         self.steps += 1
-        batches = self.collect(out.tokens.tolist(), out.logprobs.tolist())
+        for slot, error in broken.items():  # a broken grammar: its token goes nowhere
+            self.fail_slot(slot, error)
+        batches = self.collect(out.tokens.tolist(), out.logprobs.tolist(), out)
+        self.constrained.prepare()  # the next masks, while the batches go and messages come
         self.send_batches(batches)
         self.step_time.observe(time.perf_counter() - start)
 
-    def collect(self, tokens: list[int], logprobs: list[float]) -> dict[int, TokenBatch]:
+    def fail_slot(self, slot: int, error: str) -> None:
+        for index, state in self.slots.live():
+            if index == slot:
+                self.slots.release(state.request_id)
+                self.free(slot)
+                self.gone.add(state.request_id, state.epoch)
+                self.fail([state.request_id], [state.epoch], error)
+                return
+
+    def free(self, slot: int) -> None:
+        self.constrained.free(slot)
+        self.engine.free(slot)
+
+    def collect(
+        self, tokens: list[int], logprobs: list[float], out: Any = None
+    ) -> dict[int, TokenBatch]:
         """The step's tokens (indexed by slot) grouped by detok worker, in slot order within each
         batch; a slot whose token finishes its request is freed."""
         batches: dict[int, TokenBatch] = {}
@@ -237,13 +262,17 @@ class DecodeWorker(WorkerLoop):
             state.context_len += 1
             state.tokens.append(token)
             state.logprobs.append(logprobs[slot])
+            top = None
+            if state.top_logprobs:
+                top = self.constrained.alternatives(out, slot, state) or ([], [])
+                state.tops.append(top)
             self.append(self.batch_for(batches, state.detok_index), state, seq, token,
-                        logprobs[slot], finish)  # fmt: skip
+                        logprobs[slot], finish, top)  # fmt: skip
             if finish != TokenFinish.NONE:
                 log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
                 state.finish = finish
                 self.slots.release(state.request_id)
-                self.engine.free(slot)
+                self.free(slot)
                 self.finished[state.request_id] = (time.monotonic(), state)
         return batches
 
@@ -255,14 +284,22 @@ class DecodeWorker(WorkerLoop):
 
     @staticmethod
     def append(
-        batch: TokenBatch, state: Slot, seq: int, token: int, logprob: float, finish: int
+        batch: TokenBatch, state: Slot, seq: int, token: int, logprob: float, finish: int,
+        top: tuple[list[int], list[float]] | None = None,
     ) -> None:
+        if top is not None and not batch.top_ids:  # the batch's first alternatives
+            batch.top_ids.extend([] for _ in batch.tokens)
+            batch.top_logprobs.extend([] for _ in batch.tokens)
         batch.request_ids.append(state.request_id)
         batch.epochs.append(state.epoch)
         batch.seqs.append(seq)
         batch.tokens.append(token)
         batch.logprobs.append(logprob)
         batch.finishes.append(finish)
+        if batch.top_ids or top is not None:
+            ids, lps = top if top is not None else ([], [])
+            batch.top_ids.append(ids)
+            batch.top_logprobs.append(lps)
 
     def send_batches(self, batches: dict[int, TokenBatch]) -> None:
         """One TokenBatch per detok worker with tokens in this step; sends never block. A detok
@@ -306,3 +343,6 @@ class DecodeWorker(WorkerLoop):
 
     def idle(self) -> bool:
         return not self.slots and not self.pending
+
+    def close(self) -> None:
+        self.constrained.close()

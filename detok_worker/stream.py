@@ -4,9 +4,10 @@ stop strings. Pure logic, no sockets, so that it can be tested token by token.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from splitserve.detokenize import IncrementalDetokenizer, StopStringMatcher
-from splitserve.protocol import DetokParams, FinishReason, TextDelta, TokenFinish
+from splitserve.protocol import DetokParams, FinishReason, PromptScores, TextDelta, TokenFinish
 from splitserve.tokenizers.base import TokenTable
 
 MAX_OUT_OF_ORDER = 100_000  # a stream further ahead than this of its next token is broken
@@ -23,9 +24,11 @@ class Stream:
     matcher: StopStringMatcher | None
     next_seq: int = 0
     emitted_tokens: int = 0
-    waiting: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # seq -> token...
+    # seq -> (token, logprob, finish, alternatives or None)
+    waiting: dict[int, tuple[int, float, int, Any]] = field(default_factory=dict)
     finish_reason: FinishReason = FinishReason.NONE
     stopped_by_string: bool = False  # the decode worker must then be told to free the slot
+    prompt_logprobs: PromptScores | None = None  # passed on with the first delta
 
     @classmethod
     def open(
@@ -55,25 +58,36 @@ class Stream:
             emitted += len(self.advance().text)
         return emitted
 
-    def add(self, seq: int, token: int, logprob: float, finish: int) -> None:
-        """Buffer one token; it is emitted once every earlier sequence number has been."""
+    def add(self, seq: int, token: int, logprob: float, finish: int, top: Any = None) -> None:
+        """Buffer one token (top: its alternatives, (ids, logprobs)); it is emitted once every
+        earlier sequence number has been."""
         if seq < self.next_seq or seq - self.next_seq > MAX_OUT_OF_ORDER:
             raise ValueError(f"{self.request_id}: sequence {seq} outside the stream window")
-        self.waiting[seq] = (token, logprob, finish)
+        self.waiting[seq] = (token, logprob, finish, top)
 
     def advance(self) -> TextDelta | None:
         """Emit every token now in order; None when nothing moved."""
         if self.next_seq not in self.waiting:
             return None
         delta = TextDelta(self.request_id, self.epoch, self.next_seq, "", [], [])
+        delta.prompt_logprobs, self.prompt_logprobs = self.prompt_logprobs, None
         pieces: list[str] = []
         while not self.finish_reason and self.next_seq in self.waiting:
-            token, logprob, finish = self.waiting.pop(self.next_seq)
+            token, logprob, finish, top = self.waiting.pop(self.next_seq)
             self.next_seq += 1
             self.emitted_tokens += 1
             delta.token_ids.append(token)
             if self.logprobs:
                 delta.logprobs.append(logprob)
+                if top is not None:
+                    if not delta.top_ids:  # the delta's first alternatives: earlier ones had none
+                        delta.top_ids.extend([] for _ in range(len(delta.token_ids) - 1))
+                        delta.top_logprobs.extend([] for _ in range(len(delta.token_ids) - 1))
+                elif delta.top_ids:
+                    top = ([], [])
+                if top is not None:
+                    delta.top_ids.append(top[0])
+                    delta.top_logprobs.append(top[1])
             pieces.append(self._text_of(token, finish))
         delta.text = "".join(pieces)
         delta.finish_reason = self.finish_reason

@@ -43,7 +43,7 @@ from splitserve.worker import WorkerLoop
 
 log = logging.getLogger(__name__)
 
-Early = tuple[int, int, int, float, int]  # (epoch, seq, token, logprob, finish)
+Early = tuple[int, int, int, float, int, Any]  # (epoch, seq, token, logprob, finish, top)
 
 
 class DetokWorker(WorkerLoop):
@@ -128,18 +128,20 @@ class DetokWorker(WorkerLoop):
             return
         for opened in batch.opens:
             self.open(opened)
+        tops = zip(batch.top_ids, batch.top_logprobs, strict=True) if batch.top_ids else None
         for rid, epoch, seq, token, logprob, finish in zip(
             batch.request_ids, batch.epochs, batch.seqs, batch.tokens, batch.logprobs,
             batch.finishes, strict=True,
         ):  # fmt: skip
+            top = next(tops) if tops is not None else None
             stream = self.streams.get(rid)
             if stream is not None and stream.epoch == epoch:
-                self.add(stream, seq, token, logprob, finish)
+                self.add(stream, seq, token, logprob, finish, top)
                 self.touched[rid] = stream
             elif (stream is None or epoch > stream.epoch) and not self.gone.covers(rid, epoch):
                 # its stream opens (or moves here) later: the OpenStream or ResumeStream is late
                 self.early.setdefault(rid, (time.monotonic(), []))[1].append(
-                    (epoch, seq, token, logprob, finish)
+                    (epoch, seq, token, logprob, finish, top)
                 )
             # else: a token of an older epoch, from a worker the request has moved away from
 
@@ -151,6 +153,7 @@ class DetokWorker(WorkerLoop):
         stream = Stream.open(
             rid, opened.epoch, opened.decode_index, opened.detok, opened.logprobs, self.table
         )
+        stream.prompt_logprobs = opened.prompt_logprobs
         self.streams[rid] = stream
         self.opened.append(rid)
         self.take_early(stream)
@@ -159,18 +162,20 @@ class DetokWorker(WorkerLoop):
         """Tokens of this stream's epoch that came before it opened join it; older ones go."""
         _, early = self.early.pop(stream.request_id, (0.0, []))
         later = []
-        for epoch, seq, token, logprob, finish in early:
+        for epoch, seq, token, logprob, finish, top in early:
             if epoch == stream.epoch:
-                self.add(stream, seq, token, logprob, finish)
+                self.add(stream, seq, token, logprob, finish, top)
             elif epoch > stream.epoch:
-                later.append((epoch, seq, token, logprob, finish))
+                later.append((epoch, seq, token, logprob, finish, top))
         if later:
             self.early[stream.request_id] = (time.monotonic(), later)
         self.touched[stream.request_id] = stream
 
-    def add(self, stream: Stream, seq: int, token: int, logprob: float, finish: int) -> None:
+    def add(
+        self, stream: Stream, seq: int, token: int, logprob: float, finish: int, top: Any = None
+    ) -> None:
         try:
-            stream.add(seq, token, logprob, finish)
+            stream.add(seq, token, logprob, finish, top)
         except ValueError as exc:
             self.broken_streams += 1
             log.warning("detok[%d]: %s", self.index, exc)

@@ -23,8 +23,10 @@ import time
 from collections import deque
 from typing import Any
 
+from prefill_worker.first_token import FirstToken
 from splitserve import protocol
 from splitserve.engine.interface import Prefix
+from splitserve.grammar import vocabulary
 from splitserve.protocol import (
     Abort,
     GenerateRequest,
@@ -49,6 +51,9 @@ class PrefillWorker(WorkerLoop):
     def setup(self) -> None:
         config = self.config
         self.engine = self.make_engine()
+        self.first = FirstToken(
+            self.engine, vocabulary.for_model(config.model, self.engine.vocab_size)
+        )
         self.decodes = [
             self.connect(endpoint, "prefill_to_decode") for endpoint in config.addresses.decode
         ]
@@ -91,7 +96,7 @@ class PrefillWorker(WorkerLoop):
             return
         start = time.perf_counter()
         try:
-            prefix = self.engine.prefill(req.prompt, req.sampling, out_pos=req.start_seq)
+            prefix = self.first.prefill(req)
         except ValueError as exc:  # a request the engine cannot run (too long, bad params)
             self.fail([req.request_id], [req.epoch], f"prefill failed: {exc}")
             return
@@ -119,17 +124,20 @@ class PrefillWorker(WorkerLoop):
             return "prompt token ids must be non-empty and within the vocabulary"
         if req.start_seq < 0:
             return "start_seq must be >= 0"
-        return None
+        return self.first.refusal(req)
 
     def send_first_token(self, req: GenerateRequest, prefix: Prefix, finish: TokenFinish) -> None:
         """The sampled token to the stamped detok worker; at position 0 it opens the stream."""
         rid = req.request_id
         opens = []
         if req.start_seq == 0:
-            opens.append(OpenStream(rid, req.epoch, req.decode_index, req.detok, req.logprobs))
+            opens.append(OpenStream(rid, req.epoch, req.decode_index, req.detok, req.logprobs,
+                                    self.first.prompt_scores(prefix)))  # fmt: skip
+        top = self.first.alternatives(prefix)
         first = TokenBatch(
             Source.PREFILL, self.prefills + 1, [rid], [req.epoch], [req.start_seq],
             [prefix.first_token], [prefix.first_logprob], [finish], opens,
+            [top[0]] if top else [], [top[1]] if top else [],
         )  # fmt: skip
         self.detok(req.detok_index).send(first)
 
@@ -146,6 +154,10 @@ class PrefillWorker(WorkerLoop):
             req.sampling,
             req.stop,
             protocol.kv_meta(prefix.kv),
+            req.controls,
+            req.grammar,
+            self.first.context(req),
+            *(self.first.alternatives(prefix) or ([], [])),
         )
         if self.decodes[req.decode_index].send(header, prefix.kv):
             self.kv_bytes_sent += sum(a.nbytes for a in prefix.kv)

@@ -44,6 +44,7 @@ from splitserve.role_main import configure_logging
 from splitserve.run_dirs import ensure_private_dir
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
+from splitserve.tokenizers.chat_sources import use_template_file
 
 log = logging.getLogger("router")
 
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None, serve_fn=serve) -> int:
         if config.run_dir:
             ensure_private_dir(config.run_dir)
         tokenizer = load_tokenizer(tokenizer_path(config.model))
+        use_template_file(tokenizer, config.model.chat_template)  # --chat-template FILE
     except (OSError, ValueError, KeyError) as exc:
         log.error("cannot start: %s", exc)
         return 2

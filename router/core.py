@@ -2,8 +2,8 @@
 
 A request's path through the router core:
  1. submit() checks the prompt and parameters against the one table of bounds (router/params.py),
-    clamps max_tokens to the context, and builds and encodes the request's message (refused if it
-    could not travel); only then is the request id reserved (router/request_table.py).
+    refuses max_tokens beyond the context, and builds and encodes the request's message (refused
+    if it could not travel); only then is the request id reserved (router/request_table.py).
  2. Admission (router/admission.py) lets it into the pipeline at once, queues it, or refuses it
     (Overloaded / NotReady).
  3. Placement (router/placement.py) stamps its prefill, decode and detok workers and its
@@ -38,7 +38,7 @@ from router.links import WorkerLinks
 from router.liveness import LivenessMonitor
 from router.metrics import RouterMetrics
 from router.migration import Migrator
-from router.params import MAX_SEED, validate
+from router.params import MAX_SEED, logits_controls, validate
 from router.placement import NoLiveWorker, Placement
 from router.prefix_affinity import PrefixAffinity
 from router.request_table import RequestTable
@@ -46,6 +46,7 @@ from router.requests import InvalidRequest, NotReady, RequestHandle, RequestPara
 from router.workers import MAX_DETOK_WORKERS, WorkerState, WorkerTable
 from splitserve import protocol
 from splitserve.config import ClusterConfig
+from splitserve.engine.capabilities import supports_controls
 from splitserve.engine.interface import SamplingParams
 from splitserve.message_limits import max_message_bytes
 from splitserve.protocol import (
@@ -171,6 +172,7 @@ class RouterCore:
         reserved and a place in the pipeline taken; every failure from there on gives both back."""
         submitted = time.monotonic()
         params = validate(prompt, params, self.vocab_size, self.config.model.max_seq_len)
+        self._check_engine(params)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         unstamped = self._request_message(rid, prompt, params)
         self.requests.reserve(rid, claimed)
@@ -216,6 +218,17 @@ class RouterCore:
                 raise NotReady("a worker is being replaced: try again later")
             await asyncio.sleep(DRAIN_POLL_S)
 
+    def _check_engine(self, params: RequestParams) -> None:
+        """Refuse what the configured engine cannot do (InvalidRequest)."""
+        engine = self.config.model.engine
+        if (params.grammar or logits_controls(params) is not None) and not supports_controls(
+            engine
+        ):
+            raise InvalidRequest(
+                f"the {engine} engine does not apply grammars, penalties, logit_bias, min_p,"
+                " bad_words, top_logprobs or prompt logprobs yet", code="unsupported_by_engine",
+            )  # fmt: skip
+
     def _request_message(
         self, rid: str, prompt: list[int], params: RequestParams
     ) -> GenerateRequest:
@@ -240,6 +253,8 @@ class RouterCore:
                 params.min_tokens,
             ),
             params.logprobs,
+            logits_controls(params),
+            params.grammar,
         )  # fmt: skip
         try:
             protocol.decode(protocol.encode(msg))

@@ -104,7 +104,8 @@ class MessageDispatch:
                 continue
             self.prefilled(handle)
             previous = handle.first_token_at and handle.last_progress
-            handle.push(Delta(d.text, d.token_ids, d.logprobs))
+            handle.push(Delta(d.text, d.token_ids, d.logprobs, d.top_ids, d.top_logprobs,
+                              d.prompt_logprobs))  # fmt: skip
             self.metrics.delta(handle, len(d.token_ids), now, previous)
             if d.finish_reason:
                 self.end(handle, d.finish_reason, "")

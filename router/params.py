@@ -6,6 +6,10 @@ anything else runs) and validate() checks every request the core is given agains
 and against the model (its vocabulary and context). Values the float32 sampler cannot honour are
 refused, or resolved to the value it runs exactly (see the floors of temperature and top_p, and
 top_k beyond the vocabulary).
+
+max_tokens beyond the room the context leaves is refused (400), as vLLM does, not clamped: a
+client that asked for more than can be generated learns it at once instead of finding a
+`length` finish it did not ask for. (An endpoint that is not given max_tokens asks for the room.)
 """
 
 from __future__ import annotations
@@ -14,10 +18,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from router.requests import InvalidRequest, RequestParams
+from splitserve.engine.interface import (
+    MAX_BAD_WORD_TOKENS,
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS,
+    NO_PROMPT_LOGPROBS,
+    LogitsControls,
+)
+from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
 from splitserve.protocol import FLOAT32_TINY
 
 MAX_SEED = 2**63 - 1
-MAX_TOKENS = 1 << 20  # max_tokens beyond any context; validate() clamps it to the context
+MAX_TOKENS = 1 << 20  # max_tokens beyond any context; validate() refuses what the context cannot
 MAX_TOP_K = 1 << 20
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_CHARS = 1024  # characters per stop string
@@ -81,7 +93,15 @@ BOUNDS: dict[str, Bound] = {
     "top_p": Bound(0.0, 1.0, lo_open=True, floor=FLOAT32_TINY, refuse_below=False),
     "top_k": Bound(0, MAX_TOP_K),  # 0: off (the HTTP API also takes vLLM's -1 for off)
     "seed": Bound(0, MAX_SEED),
+    "presence_penalty": Bound(-2.0, 2.0),  # OpenAI's ranges
+    "frequency_penalty": Bound(-2.0, 2.0),
+    # vLLM's: above 1 discourages repeats, below encourages; 0 would divide by zero
+    "repetition_penalty": Bound(0.0, 2.0, lo_open=True, floor=FLOAT32_TINY),
+    "min_p": Bound(0.0, 1.0),
+    "top_logprobs": Bound(0, MAX_LOGPROBS),
+    "prompt_logprobs": Bound(0, MAX_LOGPROBS),
 }
+LOGIT_BIAS = Bound(-100.0, 100.0)  # OpenAI's range of each bias
 
 
 def validate(
@@ -125,8 +145,56 @@ def validate(
     if p.top_k >= vocab_size:  # exact: the top vocabulary-size tokens are all of them
         resolved["top_k"] = 0
     if p.max_tokens > room:
-        resolved.update(max_tokens=room, min_tokens=min(p.min_tokens, room))
+        raise InvalidRequest(
+            f"this model's maximum context length is {max_seq_len} tokens; the request asks"
+            f" for {len(prompt) + p.max_tokens} ({len(prompt)} of prompt, {p.max_tokens} of"
+            f" output): reduce max_tokens to at most {room}, or the prompt",
+            "max_tokens",
+        )
+    _validate_controls(p, vocab_size)
     return replace(p, **resolved) if resolved else p
+
+
+def _validate_controls(p: RequestParams, vocab_size: int) -> None:
+    ids = [t for t, _ in p.logit_bias]
+    if len(ids) > MAX_LOGIT_BIAS or len(set(ids)) != len(ids):
+        raise InvalidRequest(f"logit_bias: at most {MAX_LOGIT_BIAS} distinct token ids",
+                             "logit_bias")  # fmt: skip
+    if any(type(t) is not int or not 0 <= t < vocab_size for t in ids):
+        raise InvalidRequest(f"logit_bias: token ids must be in [0, {vocab_size})", "logit_bias")
+    if any(b not in LOGIT_BIAS for _, b in p.logit_bias):
+        raise InvalidRequest(f"logit_bias: each bias must be {LOGIT_BIAS.describe()}",
+                             "logit_bias")  # fmt: skip
+    if len(p.bad_words) > MAX_BAD_WORDS or any(
+        not 1 <= len(w) <= MAX_BAD_WORD_TOKENS or not all(0 <= t < vocab_size for t in w)
+        for w in p.bad_words
+    ):
+        raise InvalidRequest(
+            f"bad_words: at most {MAX_BAD_WORDS} token sequences (a word counts once with and"
+            f" once without a leading space) of 1-{MAX_BAD_WORD_TOKENS} tokens", "bad_words",
+        )  # fmt: skip
+    if len(p.grammar) > MAX_GRAMMAR_CHARS:
+        raise InvalidRequest(f"the output's grammar is over {MAX_GRAMMAR_CHARS} characters",
+                             "response_format")  # fmt: skip
+
+
+def logits_controls(p: RequestParams) -> LogitsControls | None:
+    """The request's LogitsControls, or None when every control is neutral (the plain path)."""
+    controls = LogitsControls(
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        bias_ids=[t for t, _ in p.logit_bias],
+        bias_values=[float(b) for _, b in p.logit_bias],
+        min_p=p.min_p,
+        bad_words=[list(w) for w in p.bad_words],
+        top_logprobs=p.top_logprobs if p.logprobs else 0,
+        prompt_logprobs=NO_PROMPT_LOGPROBS if p.prompt_logprobs is None else p.prompt_logprobs,
+    )
+    return None if controls == NEUTRAL else controls
+
+
+NEUTRAL = LogitsControls()
 
 
 def _is_text(s: str) -> bool:

@@ -63,15 +63,29 @@ class RequestParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logprobs: bool = False
+    # logits processing (splitserve/engine/interface.py: LogitsControls); neutral values are off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    min_p: float = 0.0
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences (the HTTP layer tokenizes)
+    top_logprobs: int = 0  # alternatives per sampled token (with logprobs)
+    prompt_logprobs: int | None = None  # the prompt's logprobs, with this many alternatives
+    grammar: str = ""  # llguidance's serialized grammar (splitserve/grammar/specs.py)
 
 
 @dataclass
 class Delta:
-    """New output of one request: text and the tokens it came from."""
+    """New output of one request: text and the tokens it came from; with top logprobs, one
+    (ids, logprobs) pair of alternatives per token; the prompt's logprobs come with the first."""
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    prompt_logprobs: Any = None  # protocol.PromptScores
 
 
 @dataclass

@@ -40,6 +40,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int)
     add_api_key_args(p)
     p.add_argument("--ready-timeout", type=float, default=900.0)
+    add_chat_template_arg(p)
+
+
+def add_chat_template_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--chat-template", metavar="FILE",
+        help="a Jinja chat template that replaces the model's own (model.chat_template)",
+    )  # fmt: skip
 
 
 def add_api_key_args(p: argparse.ArgumentParser) -> None:
@@ -71,6 +79,7 @@ def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
                 "engine": args.engine,
                 "num_slots": args.slots,
                 "max_seq_len": args.max_seq_len,
+                "chat_template": getattr(args, "chat_template", None),
             },
             "cluster": {
                 "mode": args.mode,

@@ -8,6 +8,7 @@ A cluster file (all sections optional):
     engine = "jax"              # or "fake" (hand-checkable arithmetic, no model)
     path = "default"            # .gguf file, Hugging Face folder, "random:<preset>", or "default"
     tokenizer = ""              # defaults to the model path (GGUF vocab or HF folder)
+    chat_template = ""          # a Jinja file that replaces the model's own chat template
     num_slots = 16
     max_seq_len = 2048
 
@@ -68,6 +69,9 @@ class ModelConfig:
     engine: str = "jax"
     path: str = "default"
     tokenizer: str = ""
+    # a Jinja file whose template replaces the model's own (GGUF metadata, chat_template.jinja,
+    # tokenizer_config.json); read by the router at start-up (splitserve/tokenizers/chat_sources.py)
+    chat_template: str = ""
     num_slots: int = 16
     max_seq_len: int = 2048
     compile_cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "jax")

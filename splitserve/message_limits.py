@@ -11,6 +11,8 @@ control messages only, whose size follows from the bounds of what they carry.
 from __future__ import annotations
 
 from splitserve.config import ClusterConfig
+from splitserve.engine.interface import MAX_TOP_LOGPROBS
+from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
 from splitserve.protocol import MAX_WIRE_STOP_CHARS, MAX_WIRE_STOPS
 
 # Room for everything in a control message besides what grows with the context or the batch:
@@ -21,6 +23,11 @@ CONTROL_BASE_BYTES = 1 << 20
 BYTES_PER_CONTEXT_TOKEN = 9  # a token id in MessagePack (<= 5 bytes) and its float (<= 9) rounded
 BYTES_PER_SLOT = 4096  # per decode slot: a TokenBatch row or a TextDelta (id, text, tokens)
 HEADER_MARGIN_BYTES = 1 << 20  # the PrefixHeader frame beside the KV frames
+# a prompt token's logprobs with their alternatives (echo, prompt_logprobs): its logprob and rank,
+# and MAX_TOP_LOGPROBS ids and logprobs, as MessagePack writes them, rounded up
+BYTES_PER_SCORED_TOKEN = 16 + MAX_TOP_LOGPROBS * 16
+# a request's grammar (UTF-8: up to 4 bytes a character), its logit bias and bad words
+LOGITS_CONTROLS_BYTES = 4 * MAX_GRAMMAR_CHARS + (64 << 10)
 
 
 def stop_strings_bytes() -> int:
@@ -29,13 +36,15 @@ def stop_strings_bytes() -> int:
 
 def control_message_bytes(config: ClusterConfig) -> int:
     """The largest frame of a message to the router, the prefill worker or a detok worker:
-    a request's stop strings, a prompt (or a stream's tokens) as long as the context, and a row
-    per decode slot, each with a generous margin."""
+    a request's stop strings and logits controls (its grammar), a prompt (or a stream's tokens)
+    as long as the context, scored with alternatives, and a row per decode slot (its
+    alternatives included), each with a generous margin."""
     model = config.model
     return (
         CONTROL_BASE_BYTES
         + stop_strings_bytes()
-        + 2 * BYTES_PER_CONTEXT_TOKEN * model.max_seq_len
+        + LOGITS_CONTROLS_BYTES
+        + (2 * BYTES_PER_CONTEXT_TOKEN + BYTES_PER_SCORED_TOKEN) * model.max_seq_len
         + BYTES_PER_SLOT * config.total_slots
     )
 

@@ -23,7 +23,14 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from splitserve.engine.interface import SamplingParams
+from splitserve.engine.interface import (
+    MAX_BAD_WORD_TOKENS,
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS,
+    MAX_TOP_LOGPROBS,
+    LogitsControls,
+    SamplingParams,
+)
 from splitserve.wire_checks import (
     INT32_MAX,
     INT64_MAX,
@@ -37,7 +44,7 @@ from splitserve.wire_checks import (
     compile_check,
 )
 
-PROTOCOL_VERSION = 4  # 4: Ready and Heartbeat carry the worker's incarnation
+PROTOCOL_VERSION = 5  # 5: logits controls, grammars, top and prompt logprobs; 4: incarnations
 
 
 class TokenFinish(enum.IntEnum):
@@ -98,6 +105,18 @@ class DetokParams:
     min_tokens: int = 0  # stop strings are looked for only from this many output tokens on
 
 
+@dataclass
+class PromptScores:
+    """A prompt's logprobs, from the prefill worker to the router (echo, prompt_logprobs):
+    logprobs[i] and ranks[i] are those of prompt token i + 1; top_ids / top_logprobs are empty,
+    or one list of alternatives (best first) per scored token."""
+
+    logprobs: list[float]
+    ranks: list[int]
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+
 # ---- messages -----------------------------------------------------------------------------------
 
 
@@ -124,6 +143,10 @@ class GenerateRequest:
     stop: StopCriteria
     detok: DetokParams
     logprobs: bool = False
+    controls: LogitsControls | None = None  # None: no logits processing beyond sampling
+    # the output's grammar, compiled by the router into llguidance's serialized form ("": none);
+    # the prefill and decode workers each build its matcher from it (splitserve/grammar/)
+    grammar: str = ""
 
 
 @dataclass
@@ -141,6 +164,13 @@ class PrefixHeader:
     sampling: SamplingParams
     stop: StopCriteria
     kv_meta: list[list[Any]]  # per extra frame: [dtype name, shape]
+    controls: LogitsControls | None = None
+    grammar: str = ""
+    # the prompt's token ids when the decode side needs the history (penalties, bad words, a
+    # grammar to replay: its last first_seq tokens are the output so far); else empty
+    context: list[int] = field(default_factory=list)
+    first_top_ids: list[int] = field(default_factory=list)  # the first token's alternatives
+    first_top_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -153,6 +183,7 @@ class OpenStream:
     decode_index: int
     detok: DetokParams
     logprobs: bool
+    prompt_logprobs: PromptScores | None = None
 
 
 @dataclass
@@ -171,6 +202,9 @@ class TokenBatch:
     logprobs: list[float]
     finishes: list[int]  # TokenFinish values
     opens: list[OpenStream] = field(default_factory=list)
+    # empty when no token of the batch has alternatives; else one list per token (maybe empty)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -185,6 +219,9 @@ class TextDelta:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason = FinishReason.NONE  # NONE, STOP or LENGTH from a detok worker
+    top_ids: list[list[int]] = field(default_factory=list)  # as TokenBatch's, per token_ids
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    prompt_logprobs: PromptScores | None = None  # on the delta of output position 0
 
 
 @dataclass
@@ -392,8 +429,9 @@ MESSAGE_TYPES: dict[int, type] = {
 TYPE_CODES = {cls: code for code, cls in MESSAGE_TYPES.items()}
 
 _NESTED = (
-    SamplingParams, StopCriteria, DetokParams, OpenStream, TextDelta, HistogramSnapshot,
-    TransportCounters, PrefillLoad, DecodeLoad, DetokLoad, WorkerInfo,
+    SamplingParams, LogitsControls, StopCriteria, DetokParams, PromptScores, OpenStream,
+    TextDelta, HistogramSnapshot, TransportCounters, PrefillLoad, DecodeLoad, DetokLoad,
+    WorkerInfo,
 )  # fmt: skip
 
 
@@ -419,6 +457,11 @@ SECONDS = Float(lo=0.0)
 ROLE = Str(choices=WORKER_ROLES)
 INCARNATION_CHARS = 32  # 128 random bits in hex
 INCARNATION = Str(INCARNATION_CHARS, INCARNATION_CHARS)
+MAX_WIRE_GRAMMAR_CHARS = 1 << 20  # a serialized grammar (the router allows far less: limits)
+MAX_WIRE_PROMPT = 1 << 22  # tokens of a prompt whose logprobs travel
+# alternatives of one token: at most MAX_TOP_LOGPROBS ids, and as many logprobs
+TOP_IDS = Items(compile_check(Items(TOKEN, 0, MAX_TOP_LOGPROBS), "top ids"))
+TOP_LOGPROBS = Items(compile_check(Items(LOGPROB, 0, MAX_TOP_LOGPROBS), "top logprobs"))
 
 
 def _kv_entry(v: Any) -> list[Any]:
@@ -438,6 +481,27 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "top_k": TOKEN,
         "seed": Int(0, INT64_MAX),
     },
+    # the router's bounds (router/params.py) are these or tighter
+    LogitsControls: {
+        "presence_penalty": Float(-2.0, 2.0),
+        "frequency_penalty": Float(-2.0, 2.0),
+        "repetition_penalty": Float(FLOAT32_TINY, 2.0),
+        "bias_ids": Items(TOKEN, 0, MAX_LOGIT_BIAS),
+        "bias_values": Items(Float(-100.0, 100.0), 0, MAX_LOGIT_BIAS),
+        "min_p": Float(0.0, 1.0),
+        "bad_words": Items(
+            compile_check(Items(TOKEN, 1, MAX_BAD_WORD_TOKENS), "LogitsControls.bad_words"),
+            0, MAX_BAD_WORDS,
+        ),
+        "top_logprobs": Int(0, MAX_TOP_LOGPROBS),
+        "prompt_logprobs": Int(-1, MAX_TOP_LOGPROBS),
+    },
+    PromptScores: {
+        "logprobs": Items(LOGPROB, 0, MAX_WIRE_PROMPT),
+        "ranks": Items(Int(1, INT32_MAX), 0, MAX_WIRE_PROMPT),
+        "top_ids": TOP_IDS,
+        "top_logprobs": TOP_LOGPROBS,
+    },
     StopCriteria: {
         "max_tokens": Int(1, INT32_MAX),
         "min_tokens": TOKEN,
@@ -455,6 +519,7 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "detok_index": TOKEN,
         "prompt": Items(TOKEN, min_len=1),
         "start_seq": TOKEN,
+        "grammar": Str(0, MAX_WIRE_GRAMMAR_CHARS),
     },
     PrefixHeader: {
         "request_id": RID,
@@ -465,6 +530,10 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "first_token": TOKEN,
         "first_logprob": LOGPROB,
         "kv_meta": Items(_kv_entry, min_len=1),
+        "grammar": Str(0, MAX_WIRE_GRAMMAR_CHARS),
+        "context": TOKENS,
+        "first_top_ids": Items(TOKEN, 0, MAX_TOP_LOGPROBS),
+        "first_top_logprobs": Items(LOGPROB, 0, MAX_TOP_LOGPROBS),
     },
     OpenStream: {"request_id": RID, "epoch": TOKEN, "decode_index": TOKEN},
     TokenBatch: {
@@ -474,6 +543,8 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "tokens": TOKENS,
         "logprobs": Items(LOGPROB),
         "finishes": Items(Choice(frozenset(TokenFinish))),
+        "top_ids": TOP_IDS,
+        "top_logprobs": TOP_LOGPROBS,
     },
     TextDelta: {
         "request_id": RID,
@@ -485,6 +556,8 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "finish_reason": Choice(
             frozenset({FinishReason.NONE, FinishReason.STOP, FinishReason.LENGTH}), FinishReason
         ),
+        "top_ids": TOP_IDS,
+        "top_logprobs": TOP_LOGPROBS,
     },
     Abort: {"request_ids": RIDS, "epochs": TOKENS},
     Finish: {"request_ids": RIDS, "epochs": TOKENS},
@@ -520,6 +593,37 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
 
 def _token_batch_columns(m: TokenBatch) -> None:
     _columns(m, "epochs", "seqs", "tokens", "logprobs", "finishes")
+    _alternatives(m, len(m.request_ids))
+
+
+def _alternatives(m: Any, n: int) -> None:
+    """top_ids and top_logprobs: both empty, or one list per token, pairwise of one length."""
+    if not m.top_ids and not m.top_logprobs:
+        return
+    if len(m.top_ids) != n or len(m.top_logprobs) != n:
+        raise WireError(f"{type(m).__name__}: top logprobs, when given, are one list per token")
+    if any(len(a) != len(b) for a, b in zip(m.top_ids, m.top_logprobs, strict=True)):
+        raise WireError(f"{type(m).__name__}: top_ids and top_logprobs differ in length")
+
+
+def _controls(m: LogitsControls) -> None:
+    if len(m.bias_ids) != len(m.bias_values):
+        raise WireError("LogitsControls: bias_ids and bias_values differ in length")
+    if len(set(m.bias_ids)) != len(m.bias_ids):
+        raise WireError("LogitsControls: bias_ids repeat")
+
+
+def _prefix_alternatives(m: PrefixHeader) -> None:
+    if len(m.first_top_ids) != len(m.first_top_logprobs):
+        raise WireError("PrefixHeader: first_top_ids and first_top_logprobs differ in length")
+    if m.context and len(m.context) != m.length:
+        raise WireError("PrefixHeader: context, when given, is the whole prompt")
+
+
+def _prompt_scores(m: PromptScores) -> None:
+    if len(m.ranks) != len(m.logprobs):
+        raise WireError("PromptScores: one rank per logprob")
+    _alternatives(m, len(m.logprobs))
 
 
 def _columns(m: Any, *names: str) -> None:
@@ -532,6 +636,7 @@ def _columns(m: Any, *names: str) -> None:
 def _delta_logprobs(m: TextDelta) -> None:
     if m.logprobs and len(m.logprobs) != len(m.token_ids):
         raise WireError("TextDelta: logprobs, when given, are one per token")
+    _alternatives(m, len(m.token_ids))
 
 
 def _histogram_shape(m: HistogramSnapshot) -> None:
@@ -555,6 +660,9 @@ MESSAGE_CHECKS = {
     RequestFailed: lambda m: _columns(m, "epochs"),
     Repin: lambda m: _columns(m, "epochs", "detok_indices", "from_seqs"),
     TextDelta: _delta_logprobs,
+    LogitsControls: _controls,
+    PrefixHeader: _prefix_alternatives,
+    PromptScores: _prompt_scores,
     HistogramSnapshot: _histogram_shape,
     Heartbeat: _heartbeat_load,
 }

@@ -17,3 +17,15 @@ def tokenizer_512(tmp_path_factory) -> str:
 def tokenizer_8000(tmp_path_factory) -> str:
     """A byte-level BPE tokenizer.json with exactly 8,000 ids (the tiny-7m preset's vocabulary)."""
     return build_synthetic_tokenizer(str(tmp_path_factory.mktemp("tok8000")), 8000)
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    """The openai client of the module's `stack` fixture (tests/http_stack.py)."""
+    return stack.openai()
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    """The name the module's stack serves its model under."""
+    return client.models.list().data[0].id

@@ -247,3 +247,16 @@ def test_not_ready_holds_nothing(tokenizer_512):
             await core.close()
 
     run(body())
+
+
+def test_an_engine_without_logits_controls_refuses_requests_that_need_them(tokenizer_512):
+    """The router says 400 before anything is held, instead of a worker failing the request."""
+    tok = load_tokenizer(tokenizer_512)
+    config = make_config(tokenizer_512, model={"engine": "jax", "path": "random:tiny-7m"})
+    core = RouterCore(config, tok.vocab_size, tok.eos_ids, ctx=zmq.Context.instance())
+    for params in (RequestParams(max_tokens=4, grammar="start: \"a\""),
+                   RequestParams(max_tokens=4, frequency_penalty=0.5),
+                   RequestParams(max_tokens=4, logprobs=True, top_logprobs=2)):  # fmt: skip
+        with pytest.raises(InvalidRequest, match="jax engine"):
+            run(core.submit(PROMPT, params))
+    assert_nothing_held(core)

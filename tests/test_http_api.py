@@ -259,7 +259,8 @@ def test_completion_logprobs(stack, tok, model):
         model=model, prompt=prompt, max_tokens=10, logprobs=1, extra_body={"ignore_eos": True}
     )
     lp = out.choices[0].logprobs
-    assert lp.token_logprobs == pytest.approx([fake_logprob(t) for t in tokens], abs=1e-6)
+    want = [fake_logprob(t, tok.vocab_size) for t in tokens]
+    assert lp.token_logprobs == pytest.approx(want, abs=1e-6)
     assert len(lp.tokens) == len(lp.text_offset) == len(lp.top_logprobs) == 10
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     assert all(len(d) == 1 for d in lp.top_logprobs)
@@ -333,7 +334,7 @@ def test_chat_logprobs(stack, tok, model):
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     content = out.choices[0].logprobs.content
-    want = [fake_logprob(t) for t in tokens]
+    want = [fake_logprob(t, tok.vocab_size) for t in tokens]
     assert [e.logprob for e in content] == pytest.approx(want, abs=1e-6)
     assert all(e.top_logprobs == [] for e in content)
     joined = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")
@@ -477,8 +478,11 @@ BAD_INPUT = [  # (path, request kwargs, status, param)
     completion("stream", stream="yes"),
     completion("stream_options", stream_options={"include_usage": True}),  # without stream
     completion("model", model="gpt-9"),
-    completion("presence_penalty", presence_penalty=0.5),
-    completion("echo", echo=True),
+    completion("presence_penalty", presence_penalty=2.5),
+    completion("suffix", suffix="fill in the middle"),
+    completion("use_beam_search", use_beam_search=True),
+    completion("no_such_field", no_such_field=1),  # refused, never ignored
+    completion("max_tokens", max_tokens=600),  # beyond the 512-token context: no clamp
     completion(None, status=429, n=16),  # 8 slots and no queue: overloaded
     (CHAT, {"json": {"messages": []}}, 400, "messages"),
     (CHAT, {"json": {"messages": "hi"}}, 400, "messages"),

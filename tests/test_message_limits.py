@@ -12,6 +12,8 @@ import zmq
 
 from router.core import RouterCore
 from splitserve import protocol
+from splitserve.engine.interface import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
+from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
 from splitserve.message_limits import (
     control_message_bytes,
     llama_kv_bytes_per_token,
@@ -44,8 +46,21 @@ def test_control_limits_hold_the_largest_legal_control_message(tokenizer_512):
         protocol.StopCriteria(4096, 0, False, list(range(64)), list(range(64))),
         protocol.DetokParams(True, ["\U0010ffff" * protocol.MAX_WIRE_STOP_CHARS]
                              * protocol.MAX_WIRE_STOPS),
+        True,
+        protocol.LogitsControls(
+            -2.0, -2.0, 2.0, list(range(2**31 - 1024, 2**31 - 1)), [-99.5] * 1023, 0.5,
+            [[2**31 - 1] * MAX_BAD_WORD_TOKENS] * MAX_BAD_WORDS, 20, 20,
+        ),
+        "\U0010ffff" * MAX_GRAMMAR_CHARS,
     )  # fmt: skip
     (frame,) = protocol.encode(worst)
+    assert len(frame) < limit
+    # a prompt as long as the context, scored with 20 alternatives a token (echo, on its way
+    # to the router)
+    scores = protocol.PromptScores([-1.2345678e-3] * 4095, [2**31 - 1] * 4095,
+                                   [[2**31 - 1] * 20] * 4095, [[-1.2345678e-3] * 20] * 4095)
+    delta = protocol.TextDelta("req-" + "f" * 200, 1, 0, "x", [1], [0.5], prompt_logprobs=scores)
+    (frame,) = protocol.encode(protocol.TextBatch([delta]))
     assert len(frame) < limit
     assert stop_strings_bytes() < limit < 8 << 20  # small: a few MiB, never hundreds
     assert control_message_bytes(config) == limit

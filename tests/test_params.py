@@ -3,8 +3,9 @@
 import annotated_types
 import pytest
 
-from router.http.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequestBody
-from router.params import BOUNDS, validate
+from router.http.chat_schemas import ChatCompletionRequest
+from router.http.schemas import CompletionRequest, GenerateRequestBody
+from router.params import BOUNDS, logits_controls, validate
 from router.requests import InvalidRequest, RequestParams
 
 SCHEMAS = (CompletionRequest, ChatCompletionRequest, GenerateRequestBody)
@@ -44,3 +45,40 @@ def test_the_core_takes_the_edges_of_each_bound_and_refuses_past_them(name):
         with pytest.raises(InvalidRequest) as err:
             validate([1], _with(name, outside), 10, context)
         assert err.value.param == name
+
+
+@pytest.mark.parametrize("model", SCHEMAS)
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty", "repetition_penalty",
+                                  "min_p", "prompt_logprobs"])  # fmt: skip
+def test_the_schemas_take_the_logits_controls_bounds_from_the_table(model, name):
+    assert _limits(model, name) == BOUNDS[name].pydantic()
+
+
+def test_max_tokens_beyond_the_context_is_refused_not_clamped():
+    """vLLM's rule: a client asking for more than the context holds learns it (400)."""
+    assert validate([1] * 10, RequestParams(max_tokens=6), 100, 16).max_tokens == 6
+    with pytest.raises(InvalidRequest) as err:
+        validate([1] * 10, RequestParams(max_tokens=7), 100, 16)
+    assert err.value.param == "max_tokens" and "at most 6" in str(err.value)
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"logit_bias": ((100, 1.0),)}, "logit_bias"),  # an id outside the vocabulary
+    ({"logit_bias": ((1, 101.0),)}, "logit_bias"),
+    ({"logit_bias": ((1, 1.0), (1, 2.0))}, "logit_bias"),
+    ({"bad_words": ((),)}, "bad_words"),
+    ({"bad_words": ((1000,),)}, "bad_words"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+])  # fmt: skip
+def test_logits_controls_out_of_bounds_are_refused(fields, param):
+    with pytest.raises(InvalidRequest) as err:
+        validate([1], RequestParams(max_tokens=2, **fields), 100, 64)
+    assert err.value.param == param
+
+
+def test_neutral_controls_take_the_plain_path():
+    assert logits_controls(RequestParams()) is None
+    assert logits_controls(RequestParams(top_logprobs=3)) is None  # without logprobs: none
+    controls = logits_controls(RequestParams(logprobs=True, top_logprobs=3, logit_bias=((5, 2.0),)))
+    assert controls.top_logprobs == 3 and controls.bias_ids == [5]

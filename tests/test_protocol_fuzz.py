@@ -28,7 +28,8 @@ from tests.wire_strategies import BY_TYPE, messages
 INT64 = (-(2**63), 2**63 - 1)
 INT32_FIELDS = {  # engines index int32 arrays with these, so they are non-negative int32
     "detok_index", "prompt", "top_k", "max_tokens", "min_tokens", "eos_ids", "stop_token_ids",
-    "length", "first_token", "seqs", "tokens", "token_ids", "index", "pid",
+    "length", "first_token", "seqs", "tokens", "token_ids", "index", "pid", "context",
+    "bias_ids", "bad_words", "top_ids", "first_top_ids", "top_logprobs", "ranks",
 }  # fmt: skip
 ID_FIELDS = {"request_id", "request_ids"}
 
@@ -143,6 +144,17 @@ def assert_well_typed(obj, where: str = "") -> None:
         n = len(obj.request_ids)
         assert [len(obj.seqs), len(obj.tokens), len(obj.logprobs), len(obj.finishes)] == [n] * 4
         assert set(obj.finishes) <= set(protocol.TokenFinish)
+    if isinstance(obj, protocol.TokenBatch | protocol.TextDelta | protocol.PromptScores):
+        n = len(obj.token_ids if isinstance(obj, protocol.TextDelta) else obj.logprobs)
+        assert len(obj.top_ids) == len(obj.top_logprobs) in (0, n)
+        if isinstance(obj, protocol.PromptScores):
+            assert len(obj.ranks) == n and all(r >= 1 for r in obj.ranks)
+        assert [len(a) for a in obj.top_ids] == [len(b) for b in obj.top_logprobs]
+    if isinstance(obj, protocol.LogitsControls):
+        assert len(obj.bias_ids) == len(obj.bias_values) == len(set(obj.bias_ids))
+        assert -1 <= obj.prompt_logprobs <= 20 and 0 <= obj.top_logprobs <= 20
+    if isinstance(obj, protocol.PrefixHeader):
+        assert obj.context == [] or len(obj.context) == obj.length
     if isinstance(obj, protocol.TextDelta):
         assert obj.logprobs == [] or len(obj.logprobs) == len(obj.token_ids)
     if isinstance(obj, protocol.HistogramSnapshot):
@@ -184,7 +196,7 @@ def _check(hint, value, name: str, where: str) -> None:
         return
     if hint is float:
         assert type(value) is float and not math.isnan(value) and value != math.inf, (where, value)
-        if name not in ("logprobs", "first_logprob"):
+        if name not in ("logprobs", "first_logprob", "top_logprobs", "first_top_logprobs"):
             assert math.isfinite(value), (where, value)
         return
     if hint is str:

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from splitserve import protocol
-from splitserve.engine.interface import SamplingParams
+from splitserve.engine.interface import MAX_TOP_LOGPROBS, LogitsControls, SamplingParams
 from splitserve.protocol import (
     Abort,
     DetokParams,
@@ -44,11 +44,52 @@ sampling = st.builds(
     tokens,
     st.integers(0, 2**63 - 1),
 )
+
+
+
+@st.composite
+def controls(draw):
+    n = draw(st.integers(0, 5))
+    bias_ids = draw(st.lists(tokens, min_size=n, max_size=n, unique=True))
+    return LogitsControls(
+        draw(st.floats(-2.0, 2.0, width=32)),
+        draw(st.floats(-2.0, 2.0, width=32)),
+        draw(st.floats(protocol.FLOAT32_TINY, 2.0, width=32)),
+        bias_ids,
+        draw(st.lists(st.floats(-100.0, 100.0, width=32), min_size=n, max_size=n)),
+        draw(st.floats(0.0, 1.0, width=32)),
+        draw(st.lists(st.lists(tokens, min_size=1, max_size=4), max_size=4)),
+        draw(st.integers(0, MAX_TOP_LOGPROBS)),
+        draw(st.integers(-1, MAX_TOP_LOGPROBS)),
+    )
+
+
+@st.composite
+def alternatives(draw, n: int):
+    """(top_ids, top_logprobs) for n tokens: both empty, or one pair of lists per token."""
+    if not draw(st.booleans()):
+        return [], []
+    ks = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    top_ids = [draw(st.lists(tokens, min_size=k, max_size=k)) for k in ks]
+    return top_ids, [draw(st.lists(logprobs, min_size=k, max_size=k)) for k in ks]
+
+
+@st.composite
+def prompt_scores(draw):
+    n = draw(st.integers(0, 6))
+    return protocol.PromptScores(draw(st.lists(logprobs, min_size=n, max_size=n)),
+                                 draw(st.lists(st.integers(1, 2**31 - 1), min_size=n,
+                                               max_size=n)),
+                                 *draw(alternatives(n)))  # fmt: skip
+
+
+grammars = st.just("") | st.text(max_size=40)
 stops = st.builds(StopCriteria, st.integers(1, 2**31 - 1), tokens, st.booleans(), token_lists,
                   token_lists)  # fmt: skip
 detoks = st.builds(DetokParams, st.booleans(), st.lists(st.text(min_size=1, max_size=8),
                    max_size=protocol.MAX_WIRE_STOPS), st.booleans(), tokens)  # fmt: skip
-opens = st.builds(OpenStream, ids, tokens, tokens, detoks, st.booleans())
+opens = st.builds(OpenStream, ids, tokens, tokens, detoks, st.booleans(),
+                  st.none() | prompt_scores())  # fmt: skip
 reasons = st.sampled_from([protocol.FinishReason.NONE, protocol.FinishReason.STOP,
                            protocol.FinishReason.LENGTH])  # fmt: skip
 
@@ -58,7 +99,8 @@ def deltas(draw):
     toks = draw(token_lists)
     lps = draw(st.just([]) | st.lists(logprobs, min_size=len(toks), max_size=len(toks)))
     return TextDelta(draw(ids), draw(tokens), draw(tokens), draw(st.text()), toks, lps,
-                     draw(reasons))  # fmt: skip
+                     draw(reasons), *draw(alternatives(len(toks))),
+                     draw(st.none() | prompt_scores()))  # fmt: skip
 
 
 @st.composite
@@ -102,6 +144,7 @@ def token_batches(draw):
         column(logprobs),
         column(st.sampled_from(list(protocol.TokenFinish))),
         draw(st.lists(opens, max_size=3)),
+        *draw(alternatives(n)),
     )
 
 
@@ -111,9 +154,13 @@ def prefixes(draw):
     length = draw(st.integers(1, 6))
     kv = [np.arange(length * 2, dtype=np.float32).reshape(length, 2) + i
           for i in range(draw(st.integers(1, 2)))]  # fmt: skip
+    k = draw(st.integers(0, 3))
     header = PrefixHeader(draw(ids), draw(tokens), draw(tokens), length, draw(tokens),
                           draw(tokens), draw(logprobs), draw(sampling), draw(stops),
-                          protocol.kv_meta(kv))  # fmt: skip
+                          protocol.kv_meta(kv), draw(st.none() | controls()), draw(grammars),
+                          draw(st.just([]) | st.lists(tokens, min_size=length, max_size=length)),
+                          draw(st.lists(tokens, min_size=k, max_size=k)),
+                          draw(st.lists(logprobs, min_size=k, max_size=k)))  # fmt: skip
     return header, kv
 
 
@@ -132,7 +179,7 @@ def columns(draw, cls, width: int, *rest):
 BY_TYPE = {
     GenerateRequest: no_arrays(st.builds(
         GenerateRequest, ids, tokens, tokens, tokens, st.lists(tokens, min_size=1, max_size=300),
-        tokens, sampling, stops, detoks, st.booleans(),
+        tokens, sampling, stops, detoks, st.booleans(), st.none() | controls(), grammars,
     )),
     PrefixHeader: prefixes(),
     TokenBatch: no_arrays(token_batches()),

@@ -2,7 +2,9 @@
 
 One idea per file:
   app.py          build_app(core, tokenizer, config): routes, middleware, error handlers
-  schemas.py      pydantic request models: types, ranges, bounds; parse_body
+  schemas.py      pydantic request models: types, ranges, bounds, refused fields; parse_body
+  chat_schemas.py chat messages (tool calls and results), tools, the chat-only fields
+  responses_schemas.py  the Responses API's bodies, and their translation into a chat request
   unicode.py      lone UTF-16 surrogates in a JSON body: refused, naming the field
   limits.py       every bound on client input, and the body size limit
   errors.py       OpenAI-style error bodies and the status of each kind of failure
@@ -11,9 +13,16 @@ One idea per file:
   context.py      what endpoints share: core, tokenizer, model name, request ids in flight
   generation.py   the core requests behind one HTTP request: submit, merge, abort on disconnect
   streaming.py    server-sent events, shared by every streaming endpoint
-  logprobs.py     logprobs in OpenAI's completion and chat shapes
-  completions.py  POST /v1/completions
+  logprobs.py     logprobs in OpenAI's completion and chat shapes, vLLM's prompt_logprobs
+  request_params.py  a body's core RequestParams (bad words tokenized, default max_tokens)
+  structured.py   response_format / structured_outputs / guided_* -> one grammar
+  tools.py        tools and tool messages into the chat template; the grammar of a required call
+  tool_parser.py  tool calls out of the model's text, whole or streamed
+  chat_templates.py  a chat request's prompt (the model's template or the request's own)
+  completions.py  POST /v1/completions (echo and prompt logprobs included)
   chat.py         POST /v1/chat/completions
+  responses.py    POST /v1/responses, over the chat path, streamed as the API's typed events
+  tokenize.py     POST /tokenize, /detokenize (vLLM's)
   native.py       POST /generate
   ops.py          GET /health, /metrics, /v1/models
   connections.py  client connections: header and body timeouts, per-peer and total limits

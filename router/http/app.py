@@ -1,8 +1,9 @@
 """build_app(core, tokenizer, config): the FastAPI application of the router process.
 
 Middleware, outermost first: X-Request-Id (every response carries it), the API key (when one is
-configured), the body size limit. Then the routes, one module per API: completions, chat, native
-/generate, and the operator's /health, /metrics, /v1/models.
+configured), the body size limit. Then the routes, one module per API: completions, chat,
+responses, vLLM's /tokenize and /detokenize, native /generate, and the operator's /health,
+/metrics, /v1/models.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from router.core import RouterCore
-from router.http import admin, chat, completions, native, ops
+from router.http import admin, chat, completions, native, ops, responses, tokenize
 from router.http.auth import ApiKeyMiddleware
 from router.http.context import ServerContext, served_model_name
 from router.http.errors import install_error_handlers
@@ -23,7 +24,7 @@ from splitserve.tokenizers import Tokenizer
 def build_app(core: RouterCore, tokenizer: Tokenizer, config: ClusterConfig) -> FastAPI:
     app = FastAPI(title="splitserve", docs_url=None, redoc_url=None)
     app.state.ctx = ServerContext(core, tokenizer, config, served_model_name(config))
-    for module in (completions, chat, native, ops, admin):
+    for module in (completions, chat, responses, tokenize, native, ops, admin):
         app.include_router(module.routes)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)  # added last = runs first: the order is reversed

@@ -95,6 +95,9 @@ def validation_error(errors: Sequence[Any]) -> APIError:
         return APIError(400, f"malformed JSON body: {reason}{where}", code="invalid_json")
     path = loc[1:] if loc[:1] == ["body"] else loc
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":  # refused, never ignored
+        message = "not a field this server knows (refused rather than ignored)"
+        return APIError(400, f"{'.'.join(path)}: {message}", param=path[0], code="unknown_field")
     if not path:
         return APIError(400, f"request body: {message}", code="invalid_value")
     return APIError(400, f"{'.'.join(path)}: {message}", param=path[0], code="invalid_value")

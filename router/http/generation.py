@@ -35,6 +35,9 @@ class Choice:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)  # alternatives, when asked for
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    prompt_scores: Any = None  # protocol.PromptScores, when prompt logprobs were asked for
 
     @property
     def result(self) -> Result | None:
@@ -44,6 +47,11 @@ class Choice:
         self.text.append(delta.text)
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
+        if delta.top_ids:
+            self.top_ids.extend(delta.top_ids)
+            self.top_logprobs.extend(delta.top_logprobs)
+        if delta.prompt_logprobs is not None:
+            self.prompt_scores = delta.prompt_logprobs
 
 
 class Generation:
@@ -59,8 +67,13 @@ class Generation:
         self._watch: asyncio.Task | None = None
 
     # ---- starting ----
-    async def start(self, prompts: list[list[int]], n: int, params: RequestParams) -> None:
-        """Submit n requests per prompt; raises APIError / RequestError (nothing left running)."""
+    async def start(
+        self, prompts: list[list[int]], n: int, params: RequestParams | list[RequestParams]
+    ) -> None:
+        """Submit n requests per prompt (params: the same for all, or one per prompt); raises
+        APIError / RequestError (nothing left running)."""
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
         self._core_ids = self.ctx.core.requests.claim(self.request_id, len(prompts) * n)
         self._registered = True
         self.prompt_tokens = sum(len(p) for p in prompts)
@@ -79,9 +92,12 @@ class Generation:
         for c in self.choices:
             c.handle.deliver_to(partial(self._deliver, c))
 
-    async def _submit_all(self, prompts: list[list[int]], n: int, params: RequestParams) -> None:
+    async def _submit_all(
+        self, prompts: list[list[int]], n: int, all_params: list[RequestParams]
+    ) -> None:
         try:
             for p, prompt in enumerate(prompts):
+                params = all_params[p]
                 for j in range(n):
                     i = p * n + j
                     rid = self._core_ids[i]

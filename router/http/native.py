@@ -10,8 +10,10 @@ from fastapi.responses import Response
 
 from router.http.context import ServerContext
 from router.http.generation import Choice, Generation
+from router.http.request_params import core_params
 from router.http.schemas import GenerateRequestBody, parse_body
 from router.http.streaming import respond
+from router.http.structured import output_grammar
 from router.requests import Delta
 
 routes = APIRouter()
@@ -27,7 +29,9 @@ async def generate(request: Request) -> Response:
     else:
         prompt = await ctx.encode(body.prompt or "", body.add_special_tokens)
     gen = Generation(ctx, request)
-    await gen.start([prompt], 1, body.to_params(body.max_tokens, body.logprobs))
+    params = core_params(ctx, body, len(prompt), body.max_tokens, body.logprobs, 0,
+                         output_grammar(body))  # fmt: skip
+    await gen.start([prompt], 1, params)
     fmt = NativeFormat(gen, body.logprobs)
     return await respond(gen, fmt, body.stream, body.stream_options)
 

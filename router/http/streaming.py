@@ -71,9 +71,15 @@ class ChunkFormat(Protocol):
 
     def finish_chunk(self, choice: Choice) -> dict[str, Any]: ...
 
+    # optional: def closing_chunks(self, choice) -> list[dict]: chunks before the finishing one
+
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]: ...
 
     def response(self) -> dict[str, Any]: ...
+
+
+def _none(_choice: Choice) -> list[dict[str, Any]]:
+    return []
 
 
 async def respond(
@@ -143,6 +149,8 @@ async def stream_events(
                 log.info("%s: failed while streaming: %s", gen.request_id, error.message)
                 yield sse(error.body())
                 break
+            for chunk in getattr(fmt, "closing_chunks", _none)(choice):
+                yield event(chunk)
             yield event(fmt.finish_chunk(choice))
         if options.include_usage and not failed:
             yield sse(fmt.usage_chunk(gen.usage()))

@@ -3,6 +3,26 @@
 An engine knows nothing of sockets or processes; a worker knows nothing of model math.
 The arrays of a Prefix are exactly what travels from the prefill worker to the decode worker,
 so they are kept compact: the prompt's true length only, in the cache's own dtype.
+
+Per-request logits processing (DESIGN.md section 11) is part of the contract. A request may carry
+LogitsControls (penalties, logit bias, min-p, bad words, top logprobs, prompt logprobs) and, per
+step, a grammar mask (StepMasks). An engine applies them to each slot's logits inside its
+compiled step, in one fixed order (the order of vLLM v1's sampler):
+
+  1. grammar mask: tokens outside the slot's allowed set get -inf
+  2. bad words: the last token of each bad word whose other tokens end the output gets -inf
+  3. logit bias: logits[id] += value
+  4. penalties: repetition (over prompt and output tokens: a positive logit is divided by it,
+     a negative one multiplied), then frequency (minus penalty x the token's count in the output)
+     and presence (minus penalty once the token is in the output)
+  5. temperature (not for greedy slots)
+  6. min-p, top-k, top-p: tokens below the thresholds get -inf (not for greedy slots)
+  7. the token: argmax (greedy) or the seeded draw from the result.
+
+The logprobs returned (the sampled token's, and its top-k alternatives) are log_softmax of the
+logits after steps 1-6: the distribution the token was drawn from (vLLM's "processed_logprobs";
+for a greedy slot, after steps 1-4, as vLLM does). A batch in which no live slot has controls
+or a mask must run exactly the path it ran before these existed: nothing is paid for them.
 """
 
 from __future__ import annotations
@@ -10,9 +30,16 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import numpy as np
+
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
+MAX_LOGIT_BIAS = 1024  # entries of one request's logit bias
+MAX_BAD_WORDS = 128  # token sequences (each word is tokenized with and without a leading space)
+MAX_BAD_WORD_TOKENS = 32  # tokens of one bad word
+NO_PROMPT_LOGPROBS = -1
 
 
 @dataclass(frozen=True)
@@ -29,6 +56,76 @@ class SamplingParams:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class LogitsControls:
+    """One request's logits processing beyond SamplingParams (see the module docstring for the
+    order). Neutral values mean off; a request whose controls are all neutral sends None."""
+
+    presence_penalty: float = 0.0  # [-2, 2]
+    frequency_penalty: float = 0.0  # [-2, 2]
+    repetition_penalty: float = 1.0  # (0, 2]; 1 is off
+    # sparse logit bias: bias_values[i] is added to the logit of bias_ids[i]; ids unique
+    bias_ids: list[int] = field(default_factory=list)
+    bias_values: list[float] = field(default_factory=list)  # [-100, 100]
+    min_p: float = 0.0  # [0, 1]: keep tokens of probability >= min_p x the largest
+    bad_words: list[list[int]] = field(default_factory=list)  # token sequences never completed
+    top_logprobs: int = 0  # alternatives returned per sampled token, 0..MAX_TOP_LOGPROBS
+    # the prompt's own logprobs with this many alternatives per token (-1: none); only for a
+    # prefill at output position 0 (a resumed request has had them)
+    prompt_logprobs: int = NO_PROMPT_LOGPROBS
+
+    @property
+    def needs_history(self) -> bool:
+        """The engine must know the request's tokens so far (penalties count them, bad words
+        match their end): its Prefix then carries them (Prefix.context)."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.bad_words
+        )  # fmt: skip
+
+
+@dataclass
+class TopLogprobs:
+    """The most likely tokens of the distributions some tokens were drawn from, best first."""
+
+    ids: np.ndarray  # [n, k] int32
+    logprobs: np.ndarray  # [n, k] float32
+
+
+@dataclass
+class PromptLogprobs:
+    """log P(prompt[i] | prompt[:i]) for i = 1..n-1 (the first token has none), with top-k."""
+
+    logprobs: np.ndarray  # [n - 1] float32
+    ranks: np.ndarray  # [n - 1] int32: 1 + how many tokens were more likely than prompt[i]
+    top: TopLogprobs | None  # [n - 1, k], when k > 0 was asked for
+
+
+@dataclass
+class StepMasks:
+    """The allowed tokens of a step's constrained slots (every other slot is unconstrained).
+
+    bits uses llguidance's layout: word w of a row holds tokens 32w .. 32w+31, token 32w+j allowed
+    when bit j is set; W = ceil(vocab_size / 32). The worker may still be computing it (a Future):
+    an engine first dispatches the step's model pass, then waits for the mask, so that mask and
+    model overlap. Every row allows at least one token.
+    """
+
+    slots: np.ndarray  # [m] int32, ascending
+    bits: np.ndarray | Future  # [m, W] int32
+
+    def wait(self) -> np.ndarray:
+        """The [m, W] mask, once it is computed."""
+        bits = self.bits
+        return bits.result() if isinstance(bits, Future) else bits
+
+
+def unpack_mask(row: np.ndarray, vocab_size: int) -> np.ndarray:
+    """One packed row [W] int32 -> allowed [vocab_size] bool."""
+    bits = np.unpackbits(np.ascontiguousarray(row).view(np.uint8), bitorder="little")
+    return bits[:vocab_size].astype(bool)
+
+
 @dataclass
 class Prefix:
     """A prompt's KV cache (true length) and the first sampled token (output position 0)."""
@@ -41,6 +138,11 @@ class Prefix:
     # the output position first_token was sampled at: 0, or n for a request resumed after its
     # n output tokens (which then end its prompt)
     out_pos: int = 0
+    first_top: TopLogprobs | None = None  # [1, k] when controls asked for top logprobs
+    prompt_logprobs: PromptLogprobs | None = None  # when controls asked for them
+    # the prompt's token ids, when controls need the history (LogitsControls.needs_history);
+    # its last out_pos tokens are the request's output so far
+    context: np.ndarray | None = None  # [length] int32
 
 
 @dataclass
@@ -49,6 +151,9 @@ class StepOutput:
 
     tokens: np.ndarray  # [slots] int32
     logprobs: np.ndarray  # [slots] float32
+    # when some live slot asked for top logprobs: [slots, k], k at least the largest count asked
+    # (each slot reads as many as it asked for)
+    top: TopLogprobs | None = None
 
 
 class Engine(abc.ABC):
@@ -57,6 +162,9 @@ class Engine(abc.ABC):
     num_slots: int  # decode batch size
     max_seq_len: int  # prompt + output tokens one slot can hold
     vocab_size: int
+    # whether prefill/insert/generate take LogitsControls and StepMasks; a worker whose engine
+    # does not refuses requests that need them
+    supports_controls: bool = False
 
     @abc.abstractmethod
     def warmup(self, prefill: bool = True, decode: bool = True) -> None:
@@ -66,19 +174,23 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:
         """Run the prompt; sample output position out_pos (0, unless the request is resumed and
-        its prompt ends with its first out_pos output tokens)."""
+        its prompt ends with its first out_pos output tokens).
+
+        An engine that supports controls also takes `controls: LogitsControls | None` and
+        `mask: np.ndarray | None` ([W] int32, the first token's allowed set) as keywords."""
 
     @abc.abstractmethod
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
         """Place a prefix (possibly built in another process) into a free slot.
 
         The slot's next sampled token is output position prefix.out_pos + 1; its input is
-        prefix.first_token.
-        """
+        prefix.first_token. With controls (keyword `controls`), the engine counts the history
+        from prefix.context and prefix.first_token."""
 
     @abc.abstractmethod
     def generate(self) -> StepOutput:
-        """One decode step over every slot; live slots advance by one token."""
+        """One decode step over every slot; live slots advance by one token. An engine that
+        supports controls takes `masks: StepMasks | None` as a keyword."""
 
     @abc.abstractmethod
     def free(self, slot: int) -> None:

@@ -12,6 +12,8 @@ import codecs
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from splitserve.tokenizers.chat_template import ChatTemplate, render_chat
+
 # Codec error handler that turns every byte of an invalid UTF-8 sequence into its own U+FFFD, as
 # SentencePiece and the Hugging Face ByteFallback decoder do (Python's "replace" gives one U+FFFD
 # per maximal invalid subsequence, as Rust's from_utf8_lossy does for byte-level BPE).
@@ -79,7 +81,12 @@ class Tokenizer(abc.ABC):
     @abc.abstractmethod
     def token_table(self) -> TokenTable: ...
 
-    @abc.abstractmethod
+    # the model's chat template (chat_sources.py says from where), None when it has none
+    chat_template: ChatTemplate | None = None
+
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True
-    ) -> str: ...
+        self, messages: list[dict], add_generation_prompt: bool = True, **extra
+    ) -> str:
+        """Render with the model's chat template; `extra` are the template's other variables
+        (tools, and a request's chat_template_kwargs)."""
+        return render_chat(self.chat_template, messages, add_generation_prompt, **extra)

@@ -1,9 +1,10 @@
 """Chat templates: render the model's own Jinja template in a sandbox.
 
-Templates come from GGUF metadata (tokenizer.chat_template) or tokenizer_config.json. They are
-untrusted input from a model file, so they run in jinja2's ImmutableSandboxedEnvironment (no
-attribute access to Python internals, no mutation of the messages), with the globals that
-Hugging Face's apply_chat_template provides.
+Templates come from GGUF metadata (tokenizer.chat_template), a checkpoint folder's
+chat_template.jinja or tokenizer_config.json, or a file the operator names (--chat-template,
+model.chat_template; chat_sources.py). They are untrusted input, so they run in jinja2's
+ImmutableSandboxedEnvironment (no attribute access to Python internals, no mutation of the
+messages), with the globals that Hugging Face's apply_chat_template provides.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
+    def with_source(self, source: str) -> ChatTemplate:
+        """Another template with this one's bos and eos texts (a request's own, vLLM's
+        chat_template field)."""
+        return ChatTemplate(source, self.bos_token, self.eos_token)
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         """Render messages ([{"role": ..., "content": ...}, ...]) into the prompt text."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -104,12 +110,13 @@ class ChatTemplate:
 
 
 def render_chat(
-    template: ChatTemplate | None, messages: list[dict], add_generation_prompt: bool
+    template: ChatTemplate | None, messages: list[dict], add_generation_prompt: bool, **extra
 ) -> str:
     """Render with the model's template, or fail clearly when the model has none."""
     if template is None:
         raise NoChatTemplateError(
-            "this model has no chat template (none in its GGUF metadata or tokenizer_config.json);"
-            " use the completions endpoint with a plain prompt"
+            "this model has no chat template (none in its GGUF metadata, chat_template.jinja or"
+            " tokenizer_config.json, and no --chat-template); use the completions endpoint with"
+            " a plain prompt"
         )
-    return template.render(messages, add_generation_prompt)
+    return template.render(messages, add_generation_prompt, **extra)

@@ -29,7 +29,7 @@ from functools import cache
 import tokenizers
 
 from splitserve.tokenizers.base import PER_BYTE_REPLACE, Tokenizer, TokenTable
-from splitserve.tokenizers.chat_template import ChatTemplate, end_of_generation_ids, render_chat
+from splitserve.tokenizers.chat_template import ChatTemplate, end_of_generation_ids
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,16 @@ def config_token_text(value) -> str | None:
     return None
 
 
+def folder_chat_template(folder: str, config: dict) -> str | None:
+    """A checkpoint folder's template: chat_template.jinja (what transformers writes since 4.49;
+    it wins, as in transformers), else tokenizer_config.json's chat_template."""
+    path = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read() or None
+    return config_chat_template(config)
+
+
 def config_chat_template(config: dict) -> str | None:
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
@@ -228,7 +238,7 @@ class HFTokenizer(Tokenizer):
         bos_text = tokenizer.id_to_token(bos_id) if bos_id is not None else None
         eos_id = eos_explicit[0] if eos_explicit else None
         eos_text = tokenizer.id_to_token(eos_id) if eos_id is not None else None
-        self._chat_template = (
+        self.chat_template = (
             ChatTemplate(chat_template, bos_text or "", eos_text or "") if chat_template else None
         )
         self._table: TokenTable | None = None
@@ -254,7 +264,7 @@ class HFTokenizer(Tokenizer):
             tok,
             bos_id=id_of("bos_token"),
             eos_ids=[i for i in eos_ids if isinstance(i, int)],
-            chat_template=config_chat_template(config),
+            chat_template=folder_chat_template(folder, config),
             add_bos=add_bos if isinstance(add_bos, bool) else None,
         )
 
@@ -305,5 +315,3 @@ class HFTokenizer(Tokenizer):
             utf8_errors=PER_BYTE_REPLACE if plan.byte_fallback else "replace",
         )
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return render_chat(self._chat_template, messages, add_generation_prompt)

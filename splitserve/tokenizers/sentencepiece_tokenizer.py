@@ -26,10 +26,10 @@ from collections.abc import Iterable, Sequence
 import sentencepiece
 
 from splitserve.tokenizers.base import PER_BYTE_REPLACE, Tokenizer, TokenTable
-from splitserve.tokenizers.chat_template import ChatTemplate, end_of_generation_ids, render_chat
+from splitserve.tokenizers.chat_template import ChatTemplate, end_of_generation_ids
 from splitserve.tokenizers.hf_tokenizer import (
-    config_chat_template,
     config_token_text,
+    folder_chat_template,
     read_json_config,
 )
 
@@ -185,7 +185,7 @@ class SentencePieceTokenizer(Tokenizer):
         # byte runs and renders nothing, as an added token's boundary should).
         self._stand_in = min(self._control) if self._control else None
         bos_text, eos_text = self._piece_text(self.bos_id), self._piece_text(next(iter(eos), None))
-        self._chat_template = (
+        self.chat_template = (
             ChatTemplate(chat_template, bos_text, eos_text) if chat_template else None
         )
         self._table: TokenTable | None = None
@@ -221,7 +221,7 @@ class SentencePieceTokenizer(Tokenizer):
             proto,
             bos_id=id_of("bos_token") if "bos_token" in config else -1,
             eos_ids=[eos] if eos is not None else None,
-            chat_template=config_chat_template(config),
+            chat_template=folder_chat_template(folder, config),
             add_bos=add_bos if isinstance(add_bos, bool) else None,
             added_tokens=added,
         )
@@ -330,5 +330,3 @@ class SentencePieceTokenizer(Tokenizer):
             utf8_errors=PER_BYTE_REPLACE,
         )
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return render_chat(self._chat_template, messages, add_generation_prompt)

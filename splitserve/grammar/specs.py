@@ -1,0 +1,61 @@
+"""Grammars from the forms a request gives them in: llguidance's serialized grammar (the one
+string that travels with the request), checked before the request is admitted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+
+from splitserve.grammar.matcher import GrammarError
+
+MAX_GRAMMAR_CHARS = 256 << 10  # a serialized grammar (schemas of thousands of fields fit)
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+# JSON as OpenAI writes it (", " and ": ", no other whitespace): vLLM's --disable-any-whitespace.
+# Free whitespace lets a small model (or the fake engine) pad output with it until max_tokens.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def from_json_schema(schema: Any) -> str:
+    """A JSON schema (an object, or true / false) -> grammar; GrammarError if llguidance cannot
+    compile it (an unknown or unsupported keyword is an error, never silently dropped)."""
+    if not isinstance(schema, dict | bool):
+        raise GrammarError("a JSON schema must be an object (or true / false)")
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults=JSON_OPTIONS
+        )
+    except (ValueError, TypeError) as exc:
+        raise GrammarError(f"invalid JSON schema: {exc}") from None
+    return checked(grammar)
+
+
+def from_regex(pattern: str) -> str:
+    return checked(llguidance.LLMatcher.grammar_from_regex(pattern))
+
+
+def from_choice(choices: list[str]) -> str:
+    """Exactly one of the strings."""
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise GrammarError("choices must be a non-empty list of non-empty strings")
+    return checked(llguidance.grammar_from("choice", json.dumps(choices)))
+
+
+def from_lark(text: str) -> str:
+    """A Lark grammar (llguidance's dialect: %json { schema } embeds a JSON schema), or a GBNF
+    grammar as llama.cpp writes them (converted to Lark by llguidance)."""
+    try:
+        grammar = llguidance.grammar_from("grammar", text)
+    except ValueError as exc:
+        raise GrammarError(str(exc)) from None
+    return checked(grammar)
+
+
+def checked(grammar: str) -> str:
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the grammar is over {MAX_GRAMMAR_CHARS} characters")
+    error = llguidance.LLMatcher.validate_grammar(grammar, None)
+    if error:
+        raise GrammarError(error.strip())
+    return grammar
