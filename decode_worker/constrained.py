@@ -41,6 +41,10 @@ class ConstrainedSlots:
         """Why this worker cannot take the request, if it cannot."""
         if (header.controls is not None or header.grammar) and not self.engine.supports_controls:
             return "this engine does not support logits controls or grammars"
+        if any(not 0 <= t < self.engine.vocab_size for t in header.context):
+            return f"prompt context outside the vocabulary ({self.engine.vocab_size})"
+        if header.controls is not None:
+            return header.controls.outside(self.engine.vocab_size)
         return None
 
     def prefix(self, header: PrefixHeader, kv: list[np.ndarray]) -> Prefix:

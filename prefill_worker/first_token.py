@@ -21,6 +21,8 @@ class FirstToken:
     def refusal(self, req: GenerateRequest) -> str | None:
         if (req.controls is not None or req.grammar) and not self.engine.supports_controls:
             return "this engine does not support logits controls or grammars"
+        if req.controls is not None:
+            return req.controls.outside(self.engine.vocab_size)
         return None
 
     def prefill(self, req: GenerateRequest) -> Prefix:

@@ -81,7 +81,7 @@ def test_the_serve_flag_sets_the_config_key(tmp_path):
     parser = argparse.ArgumentParser()
     add_serve_args(parser)
     args = parser.parse_args(["--engine", "fake", "--tokenizer", "t", "--chat-template", "x.j"])
-    assert config_from_args(args).model.chat_template == "x.j"
+    assert config_from_args(args, lambda: str(tmp_path)).model.chat_template == "x.j"
 
 
 @pytest.mark.timeout(120)

@@ -225,7 +225,7 @@ def genuine_request(rid: str = GENUINE) -> GenerateRequest:
 def genuine_prefix(rid: str = GENUINE) -> tuple[PrefixHeader, list]:
     first = fake_first_token(PROMPT, VOCAB)
     kv = [np.asarray(PROMPT, np.float32).reshape(len(PROMPT), 1)]
-    header = PrefixHeader(rid, 0, 1, len(PROMPT), 0, first, fake_logprob(first),
+    header = PrefixHeader(rid, 0, 1, len(PROMPT), 0, first, fake_logprob(first, VOCAB),
                           SamplingParams(), StopCriteria(MAX_TOKENS, ignore_eos=True),
                           protocol.kv_meta(kv))  # fmt: skip
     return over_the_wire(header, kv)

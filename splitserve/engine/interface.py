@@ -74,6 +74,15 @@ class LogitsControls:
     # prefill at output position 0 (a resumed request has had them)
     prompt_logprobs: int = NO_PROMPT_LOGPROBS
 
+    def outside(self, vocab_size: int) -> str | None:
+        """Why these controls name a token the engine does not have, or None: a worker checks
+        before it hands them over (an id outside the logits indexed out of bounds there)."""
+        ids = [*self.bias_ids, *(t for word in self.bad_words for t in word)]
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            return f"logit bias or bad words name token {bad}, outside the vocabulary ({vocab_size})"
+        return None
+
     @property
     def needs_history(self) -> bool:
         """The engine must know the request's tokens so far (penalties count them, bad words
