@@ -80,7 +80,7 @@ class LogitsControls:
         ids = [*self.bias_ids, *(t for word in self.bad_words for t in word)]
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            return f"logit bias or bad words name token {bad}, outside the vocabulary ({vocab_size})"
+            return f"logit bias or bad words name token {bad}, outside the vocabulary of {vocab_size}"
         return None
 
     @property
