@@ -90,7 +90,11 @@ class RouterConfig:
     max_migrations: int = 3
     migration_timeout_s: float = 120.0
     api_key: str = ""
-    model_name: str = ""  # name served in /v1/models; derived from the model path when empty
+    # /metrics without the API key (as vLLM serves it), for scrapers; /health is always open
+    open_metrics: bool = False
+    # the names the model answers to, the first in responses and metrics (as vLLM's
+    # --served-model-name); empty: a short name from the model path (splitserve/model_names.py)
+    served_model_name: tuple[str, ...] = ()
     # Client connections (router/http/connections.py). A request's headers must be complete within
     # header_timeout_s of the connection opening (or of its previous response), and its body may
     # not stall for body_timeout_s. At most max_connections at once, max_connections_per_peer from
@@ -254,7 +258,7 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
     ):
         raise ValueError("[cluster] decode_slots must list a slot count >= 1 per decode worker")
     model = _build(ModelConfig, raw.get("model", {}), "model")
-    router = _build(RouterConfig, raw.get("router", {}), "router")
+    router = _build(RouterConfig, _router_values(raw.get("router", {})), "router")
     ahead = router.admit_ahead_tokens
     if ahead != "auto" and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
         raise ValueError('[router] admit_ahead_tokens must be "auto" or a count >= 0')
@@ -276,6 +280,20 @@ def config_from_dict(raw: dict[str, Any]) -> ClusterConfig:
         cpus=cpus,
     )
 
+
+
+def _router_values(values: dict[str, Any]) -> dict[str, Any]:
+    """[router] as RouterConfig takes it: served_model_name, a name or a list, as a tuple."""
+    values = dict(values)
+    names = values.get("served_model_name", ())
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError("[router] served_model_name must be a name or a list of names")
+    if "served_model_name" in values:
+        values["served_model_name"] = tuple(names)
+    if not isinstance(values.get("open_metrics", False), bool):
+        raise ValueError("[router] open_metrics must be true or false")
+    return values
 
 
 def _addresses_from(addr: Any) -> Addresses:

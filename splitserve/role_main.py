@@ -11,34 +11,43 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 
 import zmq
 
+from splitserve import logfmt
 from splitserve.config import load_config
 from splitserve.procutil import die_with_parent, pin_cpus, place_io_threads
 
 
-def configure_logging(role: str, index: int, level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"%(asctime)s {role}[{index}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(role: str, index: int, level: str, fmt: str = "text") -> None:
+    logfmt.configure(f"{role}[{index}]", level, fmt)
+
+
+def add_log_args(p: argparse.ArgumentParser) -> None:
+    """--log-level and --log-format, defaulting to SPLITSERVE_LOG_LEVEL / SPLITSERVE_LOG_FORMAT."""
+    p.add_argument(
+        "--log-level", default=os.environ.get(logfmt.LEVEL_ENV, "info"),
+        choices=logfmt.LEVELS, type=str.lower,
+        help=f"log level (default: ${logfmt.LEVEL_ENV} or info)",
+    )  # fmt: skip
+    p.add_argument(
+        "--log-format", default=os.environ.get(logfmt.FORMAT_ENV, "text"),
+        choices=logfmt.FORMATS, help=f"log format (default: ${logfmt.FORMAT_ENV} or text)",
+    )  # fmt: skip
 
 
 def parse_args(role: str, argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m {role}_worker", description=f"splitserve {role}")
     p.add_argument("--config", required=True, help="cluster TOML file")
     p.add_argument("--index", type=int, default=0, help="which worker of this role")
-    p.add_argument("--log-level", default=os.environ.get("SPLITSERVE_LOG_LEVEL", "info"))
+    add_log_args(p)
     return p.parse_args(argv)
 
 
 def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     args = parse_args(role, argv)
-    configure_logging(role, args.index, args.log_level)
+    configure_logging(role, args.index, args.log_level, args.log_format)
     log = logging.getLogger(f"{role}_worker")
     die_with_parent(os.environ)
     pin_cpus(os.environ)

@@ -111,7 +111,7 @@ def _generated(url: str) -> float:
     """Tokens the router has delivered so far, from /metrics."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    m = re.search(r"^splitserve_generation_tokens_total (\S+)$", text, re.M)
+    m = re.search(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 
 
