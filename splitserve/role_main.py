@@ -22,6 +22,9 @@ from splitserve.procutil import die_with_parent, pin_cpus, place_io_threads
 
 def configure_logging(role: str, index: int, level: str, fmt: str = "text") -> None:
     logfmt.configure(f"{role}[{index}]", level, fmt)
+    # JAX's probe for a TPU logs an "Unable to initialize backend 'tpu'" line at info level on
+    # every machine without one: noise in every cold start's output
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
 
 def add_log_args(p: argparse.ArgumentParser) -> None:
@@ -57,8 +60,15 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
         log.error("bad configuration %s: %s", args.config, exc)
         return 2
     stop = threading.Event()
+    built: list = []  # the worker, once constructed
 
     def on_signal(signum, _frame):
+        if not built or not built[0].startup.finished:
+            # Still loading or compiling: nothing to drain, and a compile cannot be cut short,
+            # so waiting would only hold up the stop (the launcher's Ctrl-C) for its length.
+            log.info("signal %d while starting: nothing to drain, exiting now", signum)
+            logging.shutdown()
+            os._exit(0)
         log.info("signal %d: draining", signum)
         stop.set()
 
@@ -68,6 +78,7 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     place_io_threads(ctx, os.environ)
     try:
         worker = worker_cls(config, args.index, ctx, stop, dict(os.environ))
+        built.append(worker)
         worker.run()
     except Exception:
         log.exception("fatal error; exiting so that the supervisor restarts this worker")

@@ -59,7 +59,7 @@ class FakeEngine(Engine):
         self._position = np.zeros(num_slots, np.int64)  # next output position per slot
         self._live = np.zeros(num_slots, bool)
 
-    def warmup(self, prefill: bool = True, decode: bool = True) -> None:
+    def warmup(self, prefill: bool = True, decode: bool = True, progress=None) -> None:
         if prefill:
             self.prefill([1, 2, 3], SamplingParams())
 
