@@ -82,7 +82,10 @@ class RouterConfig:
     # from the workers' own figures; 0: only for free slots.
     admit_ahead_tokens: int | str = "auto"
     max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
-    queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
+    # A queued request waits while the pipeline moves (router/admission.py): it is refused only
+    # when no request progressed for queue_timeout_s, after request_timeout_s in all, or at once
+    # when the measured service rate says the queue ahead would take longer than that.
+    queue_timeout_s: float = 30.0
     request_timeout_s: float = 600.0  # hard bound on any request's life
     stall_timeout_s: float = 30.0  # no progress for this long ends a request with an error
     # a request whose worker dies is moved to live ones (router/migration.py), at most this
