@@ -305,3 +305,21 @@ def test_ceiling_process_reports_a_child_that_cannot_measure(tmp_path):
         with pytest.raises(CeilingProcessError, match="ended|exited"):
             child.measure(timeout_s=60)
     assert "must fit" in (tmp_path / "ceiling.log").read_text()
+
+
+def test_bench_drives_the_chat_endpoint(fake_stack, tokenizer_512, tmp_path):
+    """--endpoint chat: the prompt as a user message through /v1/chat/completions, its text
+    read from delta.content; the same figures as for completions."""
+    out_json = tmp_path / "chat.json"
+    rc = bench_main([
+        "--url", fake_stack, "--endpoint", "chat", "--concurrency", "4", "--num-requests", "8",
+        "--prompt-tokens", "16", "--output-tokens", "10", "--no-progress",
+        "--warmup-requests", "1", "--out-json", str(out_json), "--request-timeout", "30",
+    ])  # fmt: skip
+    assert rc == 0
+    (run,) = json.loads(out_json.read_text())["runs"]
+    assert (run["requests_ok"], run["requests_failed"]) == (8, 0)
+    assert run["usage_reported"] and run["output_tokens"] == 80  # ignore_eos: all 10 each
+    assert run["mean_prompt_tokens"] > 16  # the chat template's tokens come on top
+    assert run["ttft_s"]["count"] == 8 and run["output_tokens_per_s"] > 0
+    assert run["server"]["server_generation_tokens"] >= 80
