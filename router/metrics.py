@@ -56,6 +56,8 @@ VLLM_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm:request_decode_time_seconds": ("histogram", ()),
 }
 LABELS = ("model_name", "engine")
+# why admission refused a request (router/admission.py, router/core.py)
+REJECT_REASONS = ("queue_full", "queue_timeout", "queue_too_slow", "not_ready")
 ENGINE = "0"
 
 
@@ -142,6 +144,12 @@ class RouterMetrics:
             ["role"],
             registry=r,
         )
+        # every label value from the start: a series that appears only at its first count reads
+        # as absent (no data) instead of 0 on a dashboard, and rate() misses that first count
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        for role in ("prefill", "decode", "detok"):
+            self.migrations.labels(role)
         r.register(WorkerCollector(workers, ids))
 
     def admitted(self, handle: RequestHandle) -> None:
