@@ -47,6 +47,9 @@ VLLM_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm:request_prompt_tokens": ("histogram", ()),
     "vllm:request_generation_tokens": ("histogram", ()),
     "vllm:request_params_max_tokens": ("histogram", ()),
+    "vllm:request_max_num_generation_tokens": ("histogram", ()),
+    "vllm:request_time_per_output_token_seconds": ("histogram", ()),
+    "vllm:num_preemptions": ("counter", ()),
     "vllm:time_to_first_token_seconds": ("histogram", ()),
     "vllm:inter_token_latency_seconds": ("histogram", ()),
     "vllm:e2e_request_latency_seconds": ("histogram", ()),
@@ -117,7 +120,21 @@ class RouterMetrics:
         self.max_tokens_hist = histogram(
             "vllm:request_params_max_tokens", "The max_tokens of requests", tokens
         )
+        self.max_generation_hist = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "The most tokens a request may generate (max_tokens: one sequence per request)",
+            tokens,
+        )
+        # vLLM counts requests evicted and recomputed; a request here keeps its decode slot
+        # until it ends, so this stays 0 (requests moved off a dead worker are
+        # splitserve_request_migrations_total)
+        Counter("vllm:num_preemptions", "Preempted requests: none here", LABELS,
+                registry=r).labels(*ids)  # fmt: skip
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
+        self.tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Per request: first token to end over the tokens after the first",
+        )
         self.itl = histogram(
             "vllm:inter_token_latency_seconds",
             "Time between a request's token deliveries, per token",
@@ -177,9 +194,13 @@ class RouterMetrics:
         self.inference_time.observe(now - handle.admitted)
         if handle.first_token_at is not None:
             self.decode_time.observe(now - handle.first_token_at)
+            if handle.completion_tokens > 1:
+                tpot = (now - handle.first_token_at) / (handle.completion_tokens - 1)
+                self.tpot.observe(tpot)
         self.prompt_hist.observe(handle.prompt_tokens)
         self.generation_hist.observe(handle.completion_tokens)
         self.max_tokens_hist.observe(handle.params.max_tokens)
+        self.max_generation_hist.observe(handle.params.max_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -95,7 +95,8 @@ def test_every_vllm_series_under_load(stack):
                  "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
                  "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
                  "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
-                 "vllm:request_params_max_tokens"):  # fmt: skip
+                 "vllm:request_params_max_tokens", "vllm:request_max_num_generation_tokens",
+                 "vllm:request_time_per_output_token_seconds"):  # fmt: skip
         assert moved(name, "_count", **model) == STREAMS, name
     assert moved("vllm:request_generation_tokens", "_sum", **model) == STREAMS * MAX_TOKENS
     assert moved("vllm:inter_token_latency_seconds", "_count", **model) > 0
