@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint install clean deploy-configs
+.PHONY: serve test lint install clean deploy-configs image-test
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,18 @@ deploy-configs: $(STAMP)
 	$(VENV)/bin/splitserve deploy supervisord deploy/one-host.toml
 	$(VENV)/bin/splitserve deploy supervisord --host prefill-host deploy/two-hosts.toml
 	$(VENV)/bin/splitserve deploy supervisord --host decode-host deploy/two-hosts.toml
+
+# The OCI image (deploy/Containerfile) built and run: minutes of pip and of a first compile, so
+# apart from `make test`; .ci/run runs it after. Needs root: podman and runc from Debian's
+# archive, and a Debian base image made with debootstrap when no registry can be reached.
+BASE_IMAGE := localhost/debian-min:bookworm
+image-test: $(STAMP)
+	command -v podman >/dev/null && command -v runc >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc debootstrap; }
+	podman image exists $(BASE_IMAGE) || { \
+	  root=$$(mktemp -d) && debootstrap --variant=minbase bookworm $$root http://deb.debian.org/debian && \
+	  tar -C $$root -c . | podman import - $(BASE_IMAGE) && rm -rf $$root; }
+	SPLITSERVE_IMAGE_TEST=1 $(PY) -m pytest -q tests/test_image.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

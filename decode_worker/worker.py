@@ -90,7 +90,7 @@ class DecodeWorker(WorkerLoop):
         })  # fmt: skip
 
     def warmup(self) -> WorkerInfo:
-        self.engine.warmup(prefill=False)  # only this role's side of the engine
+        self.engine.warmup(prefill=False, progress=self.startup.compiled)  # this role's side
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, num_slots=self.engine.num_slots)
 
     def loop_once(self) -> None:

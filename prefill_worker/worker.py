@@ -66,7 +66,7 @@ class PrefillWorker(WorkerLoop):
         self.handlers.update({GenerateRequest: self.on_generate, Abort: self.on_abort})
 
     def warmup(self) -> WorkerInfo:
-        self.engine.warmup(decode=False)  # only this role's side of the engine
+        self.engine.warmup(decode=False, progress=self.startup.compiled)  # this role's side
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, vocab_size=self.engine.vocab_size)
 
     def loop_once(self) -> None:

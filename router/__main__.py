@@ -1,4 +1,4 @@
-"""The router process: `python -m router --config FILE [--log-level LEVEL]`.
+"""The router process: `python -m router --config FILE [--log-level LEVEL] [--log-format F]`.
 
 A request's path through this process (one asyncio event loop serves HTTP and the ZeroMQ sockets):
  1. uvicorn accepts the connection, within the limits of router/http/connections.py (header and
@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 
+import prometheus_client
 import uvicorn
 import uvloop
 import zmq
@@ -40,7 +41,7 @@ from router.http import build_app
 from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
 from splitserve.config import ClusterConfig, load_config
 from splitserve.procutil import API_KEY_ENV, die_with_parent, freeze_startup_objects, pin_cpus
-from splitserve.role_main import configure_logging
+from splitserve.role_main import add_log_args, configure_logging
 from splitserve.run_dirs import ensure_private_dir
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
@@ -49,6 +50,33 @@ from splitserve.tokenizers.chat_sources import use_template_file
 log = logging.getLogger("router")
 
 SHUTDOWN_GRACE_S = 5.0  # after the drain: for responses still being written
+
+
+class QuietUvicornStart(logging.Filter):
+    """uvicorn's start-up lines ("Uvicorn running on ...") come as soon as the port is bound,
+    minutes before a cold stack can answer; announce() says instead what the router serves when."""
+
+    DROPPED = ("Uvicorn running on", "Started server process", "Waiting for application",
+               "Application startup")  # fmt: skip
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.DROPPED)
+
+
+async def announce(server: uvicorn.Server, core: RouterCore, url: str) -> None:
+    """Say what is true: the port is open but answers 503 until a full pipeline is ready,
+    then that the router admits requests."""
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.05)
+    if core.is_ready():
+        log.info("ready: serving on %s", url)
+        return
+    log.info("listening on %s: /health answers 503 until every role has a ready worker", url)
+    while not core.is_ready():
+        await asyncio.sleep(0.1)
+    log.info("ready: a full pipeline is up, serving on %s", url)
 
 
 class DrainingServer(uvicorn.Server):
@@ -117,9 +145,11 @@ async def serve(
             config.lifecycle.drain_timeout_s,
         )
         freeze_startup_objects()
+        announcing = asyncio.create_task(announce(server, core, f"http://{r.host}:{r.port}"))
         try:
             await server.serve()
         finally:
+            announcing.cancel()
             guard.close()
         if not server.started:
             raise RuntimeError(f"could not serve HTTP on {r.host}:{r.port}")
@@ -141,9 +171,12 @@ def main(argv: list[str] | None = None, serve_fn=serve) -> int:
     p = argparse.ArgumentParser(prog="python -m router", description="splitserve router")
     p.add_argument("--config", required=True, help="cluster TOML file")
     p.add_argument("--index", type=int, default=0, help="accepted for the launcher; one router")
-    p.add_argument("--log-level", default=os.environ.get("SPLITSERVE_LOG_LEVEL", "info"))
+    add_log_args(p)
     args = p.parse_args(argv)
-    configure_logging("router", args.index, args.log_level)
+    configure_logging("router", args.index, args.log_level, args.log_format)
+    logging.getLogger("uvicorn.error").addFilter(QuietUvicornStart())
+    # vLLM's /metrics has no `_created` series either; a process-wide switch, set here only
+    prometheus_client.disable_created_metrics()
     die_with_parent(os.environ)
     pin_cpus(os.environ)
     try:

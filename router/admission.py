@@ -4,14 +4,25 @@ Admitting more requests than decode has slots only prefills them early: their fi
 streams, then they sit at the decode worker (a long mid-stream pause) while their prefill took CPU
 from requests already decoding. So a request is admitted for a free slot, or for one about to
 free: one whose holder will have ended by the time the new request's prefill is done
-(may_admit_ahead). Beyond the limit requests queue, in order, up to max_queued and for at most
-queue_timeout_s; past either they are refused as overloaded.
+(may_admit_ahead). Beyond the limit requests queue, in order, up to max_queued.
+
+How long a queued request waits follows what the pipeline does, not a fixed bound: a queue that
+moves is waited in, as vLLM and llama.cpp do (64 streams of the default model on 16 slots keep
+48 requests queued for minutes, and each is served in turn). A waiter is refused as overloaded
+(429) only when
+- the pipeline made no progress for queue_timeout_s: no running request received a token and
+  none was admitted (a stuck pipeline, not a busy one), or
+- it has waited request_timeout_s, the bound on any request's life, or
+- on arrival, the measured service rate (admissions per second over the recent ones) says the
+  queue ahead of it would take longer than request_timeout_s: refused at once, not after it.
+Past max_queued a request is refused at once (the queue's memory bound).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -25,6 +36,9 @@ STEPS_PER_PREFILL_MAX = 64
 # prefills of slack in admission ahead: 2 measured no fuller batches (96-97%) and twice the
 # pause after the first token (p50 94 vs 50 ms; tiny-7m, 16 slots, c=128)
 AHEAD_SLACK_PREFILLS = 1
+# the service rate is measured over this many recent admissions, and trusted from this many on
+RATE_WINDOW = 64
+RATE_MIN_SAMPLES = 8
 
 
 class AdmissionController:
@@ -50,22 +64,29 @@ class AdmissionController:
         self.on_reject = on_reject
         self.running = 0
         self.waiters: deque[asyncio.Future] = deque()
+        self.admitted_at: deque[float] = deque(maxlen=RATE_WINDOW)  # monotonic times
 
     async def acquire(self) -> None:
         """Return holding a place in the pipeline; raises Overloaded (queue full, waited too
         long) or NotReady (refused while queued, see refuse_waiters)."""
         if self.running < self.limit() and not self.waiters:
             self.running += 1
+            self.admitted_at.append(time.monotonic())
             return
         if len(self.waiters) >= self.config.max_queued:
             self.on_reject("queue_full")
             raise Overloaded(
                 f"{self.running} requests running and {len(self.waiters)} queued: try again later"
             )
+        expected = self.expected_wait(len(self.waiters) + 1)
+        if expected > self.config.request_timeout_s:
+            self.on_reject("queue_too_slow")
+            raise Overloaded(f"the {len(self.waiters)} queued requests ahead would take about "
+                             f"{expected:.0f} s at the measured rate: try again later")  # fmt: skip
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.config.queue_timeout_s)
+            await self.wait_while_moving(fut)
         except (TimeoutError, asyncio.CancelledError) as exc:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release()  # granted just now: hand the place to the next waiter
@@ -79,6 +100,40 @@ class AdmissionController:
             if fut in self.waiters:
                 self.waiters.remove(fut)
 
+    async def wait_while_moving(self, fut: asyncio.Future) -> None:
+        """Until fut is granted; TimeoutError once the pipeline made no progress for
+        queue_timeout_s, or after request_timeout_s in all (see the module docstring)."""
+        start = time.monotonic()
+        stall_s = self.config.queue_timeout_s
+        while True:
+            now = time.monotonic()
+            moved = max(start, self.last_progress())
+            timeout = min(start + self.config.request_timeout_s, moved + stall_s) - now
+            if timeout <= 0:
+                raise TimeoutError
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+                return
+            except TimeoutError:
+                if fut.done():  # granted (or refused) just as the time ran out
+                    fut.result()
+                    return
+                # the bound may have moved while we waited: look again
+
+    def last_progress(self) -> float:
+        """When the pipeline last moved: a request admitted, or a token delivered."""
+        tokens = max((h.last_progress for h in self.requests()), default=0.0)
+        return max(self.admitted_at[-1] if self.admitted_at else 0.0, tokens)
+
+    def expected_wait(self, position: int) -> float:
+        """Seconds until a waiter at `position` would be admitted, at the rate of the recent
+        admissions (0 until enough were seen to measure it)."""
+        times = self.admitted_at
+        if len(times) < RATE_MIN_SAMPLES or times[-1] <= times[0]:
+            return 0.0
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        return position / rate
+
     def release(self) -> None:
         """Give a place back, and grant what the limit now allows."""
         self.running -= 1
@@ -91,6 +146,7 @@ class AdmissionController:
             fut = self.waiters.popleft()
             if not fut.done():
                 self.running += 1  # counted at grant time, so no newcomer can take it first
+                self.admitted_at.append(time.monotonic())
                 fut.set_result(None)
 
     def refuse_waiters(self, reason: str) -> None:

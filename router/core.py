@@ -92,8 +92,9 @@ class RouterCore:
             lambda reason: self.metrics.rejected.labels(reason).inc(),
         )  # fmt: skip
         self.metrics = RouterMetrics(
-            self.workers, lambda: self.admission.running, lambda: len(self.admission.waiters)
-        )
+            config, self.workers, lambda: self.admission.running,
+            lambda: len(self.admission.waiters),
+        )  # fmt: skip
         self.migrator = Migrator(
             config.router, self.requests, self.placement, lambda: self.links, self.end,
             lambda role: self.metrics.migrations.labels(role).inc(),

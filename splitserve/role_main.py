@@ -11,34 +11,46 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 
 import zmq
 
+from splitserve import logfmt
 from splitserve.config import load_config
 from splitserve.procutil import die_with_parent, pin_cpus, place_io_threads
 
 
-def configure_logging(role: str, index: int, level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"%(asctime)s {role}[{index}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(role: str, index: int, level: str, fmt: str = "text") -> None:
+    logfmt.configure(f"{role}[{index}]", level, fmt)
+    # JAX's probe for a TPU logs an "Unable to initialize backend 'tpu'" line at info level on
+    # every machine without one: noise in every cold start's output
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+
+
+def add_log_args(p: argparse.ArgumentParser) -> None:
+    """--log-level and --log-format, defaulting to SPLITSERVE_LOG_LEVEL / SPLITSERVE_LOG_FORMAT."""
+    p.add_argument(
+        "--log-level", default=os.environ.get(logfmt.LEVEL_ENV, "info"),
+        choices=logfmt.LEVELS, type=str.lower,
+        help=f"log level (default: ${logfmt.LEVEL_ENV} or info)",
+    )  # fmt: skip
+    p.add_argument(
+        "--log-format", default=os.environ.get(logfmt.FORMAT_ENV, "text"),
+        choices=logfmt.FORMATS, help=f"log format (default: ${logfmt.FORMAT_ENV} or text)",
+    )  # fmt: skip
 
 
 def parse_args(role: str, argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m {role}_worker", description=f"splitserve {role}")
     p.add_argument("--config", required=True, help="cluster TOML file")
     p.add_argument("--index", type=int, default=0, help="which worker of this role")
-    p.add_argument("--log-level", default=os.environ.get("SPLITSERVE_LOG_LEVEL", "info"))
+    add_log_args(p)
     return p.parse_args(argv)
 
 
 def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     args = parse_args(role, argv)
-    configure_logging(role, args.index, args.log_level)
+    configure_logging(role, args.index, args.log_level, args.log_format)
     log = logging.getLogger(f"{role}_worker")
     die_with_parent(os.environ)
     pin_cpus(os.environ)
@@ -48,8 +60,15 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
         log.error("bad configuration %s: %s", args.config, exc)
         return 2
     stop = threading.Event()
+    built: list = []  # the worker, once constructed
 
     def on_signal(signum, _frame):
+        if not built or not built[0].startup.finished:
+            # Still loading or compiling: nothing to drain, and a compile cannot be cut short,
+            # so waiting would only hold up the stop (the launcher's Ctrl-C) for its length.
+            log.info("signal %d while starting: nothing to drain, exiting now", signum)
+            logging.shutdown()
+            os._exit(0)
         log.info("signal %d: draining", signum)
         stop.set()
 
@@ -59,6 +78,7 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     place_io_threads(ctx, os.environ)
     try:
         worker = worker_cls(config, args.index, ctx, stop, dict(os.environ))
+        built.append(worker)
         worker.run()
     except Exception:
         log.exception("fatal error; exiting so that the supervisor restarts this worker")

@@ -47,6 +47,7 @@ from splitserve.protocol import (
 )
 from splitserve.run_dirs import ensure_private_dir
 from splitserve.security import curve_client, curve_server, sent_by
+from splitserve.startup_log import StartupLog
 from splitserve.tokenizer_path import engine_vocab_size
 from splitserve.transport import Receiver, Sender
 
@@ -100,7 +101,13 @@ class WorkerLoop:
         self._next_heartbeat = 0.0
         self._drain_deadline: float | None = None
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
-        self.setup()
+        # what the start-up is doing, logged as it goes, until Ready (splitserve/startup_log.py)
+        self.startup = StartupLog(f"{self.role}[{index}]", log).start()
+        try:
+            self.setup()
+        except BaseException:
+            self.startup.done()
+            raise
         # after setup(): the decode worker's limit follows from its engine
         self.receiver = Receiver(
             ctx, self.endpoint, self.counters, self.receiver_limit(),
@@ -135,7 +142,12 @@ class WorkerLoop:
         model = self.config.model
         if self.role == "decode":  # decode workers may differ in their batch size
             model = dataclasses.replace(model, num_slots=self.config.slots_of(self.index))
-        return build_engine(model, engine_vocab_size(model), role=self.role)
+        self.startup.phase(f"loading the model ({model.engine} engine, {model.path})")
+        engine = build_engine(model, engine_vocab_size(model), role=self.role)
+        if model.engine == "jax":
+            self.startup.watch_compilation_cache()
+            self.startup.phase("compiling the warm-up programs")
+        return engine
 
     def receiver_limit(self) -> int:
         """The largest frame this worker's receiver takes (splitserve/message_limits.py)."""
@@ -218,7 +230,10 @@ class WorkerLoop:
             self.shutdown()
 
     def announce_ready(self) -> None:
-        info = dataclasses.replace(self.warmup(), endpoint=self.endpoint)
+        try:
+            info = dataclasses.replace(self.warmup(), endpoint=self.endpoint)
+        finally:
+            self.startup.done()
         if threading.current_thread() is threading.main_thread():  # this process is the role's
             freeze_startup_objects()
         self.router.send(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,21 @@ from splitserve.launch.ports import free_port
 from splitserve.launch.processes import ProcessStack
 
 HTTP_TIMEOUT_S = 30.0
+_KEY = re.compile(r'^([^{]+)(?:\{(.*)\})?$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of the samples of `name` (as HttpStack.metrics keys them) whose labels include
+    `labels`: e.g. metric_sum(m, "vllm:request_success_total", finished_reason="stop")."""
+    total = 0.0
+    for key, value in samples.items():
+        m = _KEY.match(key)
+        if m and m.group(1) == name:
+            have = dict(_LABEL.findall(m.group(2) or ""))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += value
+    return total
 
 
 @dataclass

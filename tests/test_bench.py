@@ -99,27 +99,27 @@ def test_sse_events_give_text_times_finish_and_usage():
 
 METRICS_BEFORE = """# HELP splitserve_decode_step_gap_seconds gap
 # TYPE splitserve_decode_step_gap_seconds histogram
-splitserve_decode_step_gap_seconds_bucket{le="0.001"} 5.0
-splitserve_decode_step_gap_seconds_bucket{le="0.01"} 5.0
-splitserve_decode_step_gap_seconds_bucket{le="+Inf"} 5.0
-splitserve_decode_step_gap_seconds_count 5.0
-splitserve_decode_step_gap_seconds_sum 0.0025
-splitserve_generation_tokens_total 100.0
-splitserve_decode_slots 16.0
-splitserve_decode_steps_total 10.0
-splitserve_decode_tokens_total 80.0
+splitserve_decode_step_gap_seconds_bucket{index="0",le="0.001"} 5.0
+splitserve_decode_step_gap_seconds_bucket{index="0",le="0.01"} 5.0
+splitserve_decode_step_gap_seconds_bucket{index="0",le="+Inf"} 5.0
+splitserve_decode_step_gap_seconds_count{index="0"} 5.0
+splitserve_decode_step_gap_seconds_sum{index="0"} 0.0025
+vllm:generation_tokens_total{model_name="m",engine="0"} 100.0
+splitserve_decode_slots{index="0"} 16.0
+splitserve_decode_steps_total{index="0"} 10.0
+splitserve_decode_tokens_total{index="0"} 80.0
 """
-METRICS_AFTER = """splitserve_decode_step_gap_seconds_bucket{le="0.001"} 5.0
-splitserve_decode_step_gap_seconds_bucket{le="0.01"} 105.0
-splitserve_decode_step_gap_seconds_bucket{le="+Inf"} 105.0
-splitserve_decode_step_gap_seconds_count 105.0
-splitserve_decode_step_gap_seconds_sum 0.5025
-splitserve_decode_step_gap_seconds_recent{quantile="0.5"} 0.004
-splitserve_decode_step_gap_seconds_recent{quantile="0.99"} 0.009
-splitserve_generation_tokens_total 1124.0
-splitserve_decode_slots 16.0
-splitserve_decode_steps_total 110.0
-splitserve_decode_tokens_total 1280.0
+METRICS_AFTER = """splitserve_decode_step_gap_seconds_bucket{index="0",le="0.001"} 5.0
+splitserve_decode_step_gap_seconds_bucket{index="0",le="0.01"} 105.0
+splitserve_decode_step_gap_seconds_bucket{index="0",le="+Inf"} 105.0
+splitserve_decode_step_gap_seconds_count{index="0"} 105.0
+splitserve_decode_step_gap_seconds_sum{index="0"} 0.5025
+splitserve_decode_step_gap_seconds_recent{index="0",quantile="0.5"} 0.004
+splitserve_decode_step_gap_seconds_recent{index="0",quantile="0.99"} 0.009
+vllm:generation_tokens_total{model_name="m",engine="0"} 1124.0
+splitserve_decode_slots{index="0"} 16.0
+splitserve_decode_steps_total{index="0"} 110.0
+splitserve_decode_tokens_total{index="0"} 1280.0
 """
 
 
@@ -305,3 +305,21 @@ def test_ceiling_process_reports_a_child_that_cannot_measure(tmp_path):
         with pytest.raises(CeilingProcessError, match="ended|exited"):
             child.measure(timeout_s=60)
     assert "must fit" in (tmp_path / "ceiling.log").read_text()
+
+
+def test_bench_drives_the_chat_endpoint(fake_stack, tokenizer_512, tmp_path):
+    """--endpoint chat: the prompt as a user message through /v1/chat/completions, its text
+    read from delta.content; the same figures as for completions."""
+    out_json = tmp_path / "chat.json"
+    rc = bench_main([
+        "--url", fake_stack, "--endpoint", "chat", "--concurrency", "4", "--num-requests", "8",
+        "--prompt-tokens", "16", "--output-tokens", "10", "--no-progress",
+        "--warmup-requests", "1", "--out-json", str(out_json), "--request-timeout", "30",
+    ])  # fmt: skip
+    assert rc == 0
+    (run,) = json.loads(out_json.read_text())["runs"]
+    assert (run["requests_ok"], run["requests_failed"]) == (8, 0)
+    assert run["usage_reported"] and run["output_tokens"] == 80  # ignore_eos: all 10 each
+    assert run["mean_prompt_tokens"] > 16  # the chat template's tokens come on top
+    assert run["ttft_s"]["count"] == 8 and run["output_tokens_per_s"] > 0
+    assert run["server"]["server_generation_tokens"] >= 80

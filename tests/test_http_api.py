@@ -20,6 +20,7 @@ from splitserve.tokenizers import load_tokenizer
 from tests.http_stack import (
     assert_error_shape,
     http_stack,
+    metric_sum,
     sse_events,
     wait_until,
 )
@@ -70,7 +71,8 @@ def assert_idle(stack, timeout_s=3.0):
     def idle():
         m = stack.metrics()
         return (
-            m["splitserve_requests_running"] == 0 and m["splitserve_decode_free_slots"] == NUM_SLOTS
+            metric_sum(m, "vllm:num_requests_running") == 0
+            and metric_sum(m, "splitserve_decode_free_slots") == NUM_SLOTS
         )
 
     wait_until(idle, timeout_s, "no request running and every slot free")
@@ -93,9 +95,10 @@ def test_health_names_every_worker(stack):
 
 
 def test_models_lists_the_served_model(stack, model):
-    assert model == "SmolLM2-135M-Instruct.Q4_1.gguf"  # the default model path's basename
-    card = stack.openai().models.retrieve(model)
-    assert card.id == model
+    assert model == "SmolLM2-135M-Instruct"  # a short name, not the default model's file name
+    assert stack.openai().models.retrieve(model).id == model
+    # the file name (what earlier versions served) is still accepted, answered as the short name
+    assert stack.openai().models.retrieve("SmolLM2-135M-Instruct.Q4_1.gguf").id == model
 
 
 def test_metrics_parse_and_counters_move(stack, tok, model):
@@ -107,20 +110,20 @@ def test_metrics_parse_and_counters_move(stack, tok, model):
         )
     after = stack.metrics()
 
-    def moved(name):
-        return after[name] - before.get(name, 0)
+    def moved(name, **labels):
+        return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
 
-    assert moved('splitserve_requests_total{finish_reason="length"}') == 2
-    assert moved("splitserve_generation_tokens_total") == 10
-    assert moved("splitserve_prompt_tokens_total") == 2 * len(tok.encode(prompt))
-    assert moved("splitserve_time_to_first_token_seconds_count") == 2
-    assert moved("splitserve_e2e_request_latency_seconds_count") == 2
+    assert moved("vllm:request_success_total", finished_reason="length", model_name=model) == 2
+    assert moved("vllm:generation_tokens_total") == 10
+    assert moved("vllm:prompt_tokens_total") == 2 * len(tok.encode(prompt))
+    assert moved("vllm:time_to_first_token_seconds_count") == 2
+    assert moved("vllm:e2e_request_latency_seconds_count") == 2
     r = httpx.get(f"{stack.url}/metrics", timeout=10)
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     # worker figures come with heartbeats: the two prefills (and the 2 x 4 tokens the decode
     # worker made after them) show up within a few beats
     def grew(samples, name):
-        return samples.get(name, 0) - before.get(name, 0)
+        return metric_sum(samples, name) - metric_sum(before, name)
 
     def caught_up(samples):
         return (grew(samples, "splitserve_prefill_seconds_count") >= 2
@@ -131,9 +134,9 @@ def test_metrics_parse_and_counters_move(stack, tok, model):
         time.sleep(0.1)
     latest = stack.metrics()
     assert caught_up(latest)  # >=: an earlier test's figures may still lag in `before`
-    assert latest['splitserve_prefill_seconds_recent{quantile="0.5"}'] > 0
-    assert latest["splitserve_decode_steps_total"] >= 4
-    assert latest["splitserve_decode_slots"] >= 1
+    assert metric_sum(latest, "splitserve_prefill_seconds_recent", quantile="0.5") > 0
+    assert metric_sum(latest, "splitserve_decode_steps_total") >= 4
+    assert metric_sum(latest, "splitserve_decode_slots") >= 1
 
 
 # ---- completions ------------------------------------------------------------------------------
@@ -549,8 +552,8 @@ def test_disconnect_mid_stream_aborts_the_request(stack):
     assert_idle(stack, timeout_s=1.5)
     assert time.monotonic() - closed_at < 2.0
     after = stack.metrics()
-    aborted = 'splitserve_requests_total{finish_reason="abort"}'
-    assert after[aborted] - before.get(aborted, 0) == 1
+    aborted = {"name": "vllm:request_success_total", "finished_reason": "abort"}
+    assert metric_sum(after, **aborted) - metric_sum(before, **aborted) == 1
     assert httpx.get(f"{stack.url}/health", timeout=10).json()["running"] == 0
 
 
@@ -561,8 +564,8 @@ def test_disconnect_while_waiting_for_a_non_streamed_response_aborts(stack):
     with stack.http(timeout=httpx.Timeout(10, read=0.5)) as c, pytest.raises(httpx.ReadTimeout):
         c.post("/v1/completions", json=payload)
     assert_idle(stack, timeout_s=1.5)
-    aborted = 'splitserve_requests_total{finish_reason="abort"}'
-    assert stack.metrics()[aborted] - before.get(aborted, 0) == 1
+    aborted = {"name": "vllm:request_success_total", "finished_reason": "abort"}
+    assert metric_sum(stack.metrics(), **aborted) - metric_sum(before, **aborted) == 1
 
 
 def test_concurrent_clients(stack, tok, model):

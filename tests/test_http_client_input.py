@@ -15,7 +15,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.http_stack import assert_error_shape, http_stack, wait_until
+from tests.http_stack import assert_error_shape, http_stack, metric_sum, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,7 +39,7 @@ def router_log(stack) -> str:
 
 
 def assert_idle(stack, timeout_s: float = 10.0) -> None:
-    wait_until(lambda: stack.metrics()["splitserve_requests_running"] == 0, timeout_s,
+    wait_until(lambda: metric_sum(stack.metrics(), "vllm:num_requests_running") == 0, timeout_s,
                "no request running")  # fmt: skip
 
 
@@ -127,7 +127,7 @@ def test_sixteen_surrogate_stops_leave_admission_free(stack):
             assert status == 400, err
     finally:
         conn.close()
-    assert stack.metrics()["splitserve_requests_running"] == 0
+    assert metric_sum(stack.metrics(), "vllm:num_requests_running") == 0
 
     def one(i: int) -> int:
         with stack.http() as c:

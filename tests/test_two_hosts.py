@@ -123,7 +123,7 @@ def _generated(hosts: TwoHosts) -> float:
     code = (
         "import re, urllib.request as u;"
         f"t = u.urlopen('http://{SUBNET}.1:8000/metrics', timeout=5).read().decode();"
-        "m = re.search(r'^splitserve_generation_tokens_total (\\S+)$', t, re.M);"
+        "m = re.search(r'^vllm:generation_tokens_total\\{[^}]*\\} (\\S+)$', t, re.M);"
         "print(m.group(1) if m else 0)"
     )
     return float(hosts.run("p", [sys.executable, "-c", code], timeout=30).strip() or 0)

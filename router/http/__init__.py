@@ -8,9 +8,10 @@ One idea per file:
   unicode.py      lone UTF-16 surrogates in a JSON body: refused, naming the field
   limits.py       every bound on client input, and the body size limit
   errors.py       OpenAI-style error bodies and the status of each kind of failure
-  auth.py         the optional API key
+  access_log.py   one log line per request: method, path, status, tokens, duration, id
+  auth.py         the optional API key (and the paths open without it)
   request_id.py   X-Request-Id: read or made, checked, echoed
-  context.py      what endpoints share: core, tokenizer, model name, request ids in flight
+  context.py      what endpoints share: core, tokenizer, served model names
   generation.py   the core requests behind one HTTP request: submit, merge, abort on disconnect
   streaming.py    server-sent events, shared by every streaming endpoint
   logprobs.py     logprobs in OpenAI's completion and chat shapes, vLLM's prompt_logprobs
@@ -24,7 +25,7 @@ One idea per file:
   responses.py    POST /v1/responses, over the chat path, streamed as the API's typed events
   tokenize.py     POST /tokenize, /detokenize (vLLM's)
   native.py       POST /generate
-  ops.py          GET /health, /metrics, /v1/models
+  ops.py          GET /health, /metrics, /v1/models (one card per served name)
   connections.py  client connections: header and body timeouts, per-peer and total limits
                   (the protocol uvicorn runs, set up in router/__main__.py)
 """

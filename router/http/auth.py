@@ -1,4 +1,5 @@
-"""The optional API key: when config.router.api_key is set, every route but /health wants
+"""The optional API key: when config.router.api_key is set, every route but /health (and
+/metrics with router.open_metrics, as vLLM serves it to scrapers) wants
 `Authorization: Bearer <key>` and answers 401 (OpenAI's error shape) without it."""
 
 from __future__ import annotations
@@ -8,17 +9,24 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.http.errors import send_error
+from splitserve.config import RouterConfig
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers and the launcher probe it without a key
 
 
+def open_paths(config: RouterConfig) -> frozenset[str]:
+    """The paths served without the key."""
+    return OPEN_PATHS | ({"/metrics"} if config.open_metrics else set())
+
+
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str):
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         given = b""

@@ -1,45 +1,46 @@
-"""What every endpoint shares: the router core, the tokenizer and the served model's name.
+"""What every endpoint shares: the router core, the tokenizer and the served model's names.
 (The HTTP request ids in flight are the core's request table's: see router/request_table.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass, field
 
 from router.core import RouterCore
 from router.http.errors import APIError
 from splitserve.config import ClusterConfig
+from splitserve.model_names import accepted_names, served_names
 from splitserve.tokenizers import Tokenizer
 
 # Tokenizing a long text takes a while: off the event loop, so that running streams keep flowing.
 ENCODE_INLINE_CHARS = 16_384
 
 
-def served_model_name(config: ClusterConfig) -> str:
-    if config.router.model_name:
-        return config.router.model_name
-    path = config.model.path
-    if path == "default":
-        from splitserve.engine.default_model import DEFAULT_MODEL_FILE
-
-        return DEFAULT_MODEL_FILE
-    return os.path.basename(path.rstrip("/")) or path
-
-
 @dataclass
 class ServerContext:
+    """model_name: the first served name, which responses carry; names: every served name
+    (/v1/models); accepted: what a request's `model` may be (splitserve/model_names.py)."""
+
     core: RouterCore
     tokenizer: Tokenizer
     config: ClusterConfig
-    model_name: str
+    names: tuple[str, ...] = ()
+    accepted: frozenset[str] = frozenset()
     created: int = field(default_factory=lambda: int(time.time()))
     _pieces: tuple[bytes, ...] | None = None
     _special: frozenset[int] = frozenset()
 
+    def __post_init__(self) -> None:
+        self.names = self.names or served_names(self.config)
+        self.accepted = self.accepted or accepted_names(self.config)
+
+    @property
+    def model_name(self) -> str:
+        return self.names[0]
+
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.model_name, self.config.model.path):
+        if model is not None and model not in self.accepted:
             raise APIError(
                 400,
                 f"model {model!r} is not served here; this server serves {self.model_name!r}",

@@ -170,6 +170,7 @@ class Generation:
     def close(self) -> None:
         """Abort what still runs and forget the request; safe to call twice."""
         self.abort()
+        self.request.state.usage = self.usage()  # for the access log (a copy: no cycle)
         watch, self._watch = self._watch, None
         if watch is not None and watch is not asyncio.current_task():
             # without the reference, the cancelled task's error (whose traceback holds the

@@ -1,5 +1,6 @@
 """The operator's endpoints: GET /health (200 only when a full pipeline is ready, naming every
-worker and its state), GET /metrics (Prometheus text) and GET /v1/models."""
+worker and its state), GET /metrics (Prometheus text) and GET /v1/models (one card per served
+name, as vLLM lists its --served-model-name)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ async def metrics(request: Request) -> Response:
     return Response(ctx.core.metrics.render(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
 
-def _model_card(ctx: ServerContext) -> dict:
+def _model_card(ctx: ServerContext, name: str) -> dict:
     return {
-        "id": ctx.model_name,
+        "id": name,
         "object": "model",
         "created": ctx.created,
         "owned_by": "splitserve",
@@ -42,13 +43,13 @@ def _model_card(ctx: ServerContext) -> dict:
 @routes.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     ctx: ServerContext = request.app.state.ctx
-    return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+    return JSONResponse({"object": "list", "data": [_model_card(ctx, n) for n in ctx.names]})
 
 
 @routes.get("/v1/models/{model:path}")
 async def get_model(model: str, request: Request) -> JSONResponse:
     ctx: ServerContext = request.app.state.ctx
-    if model != ctx.model_name:
+    if model not in ctx.accepted:
         raise APIError(404, f"model {model!r} is not served here", param="model",
                        code="model_not_found")  # fmt: skip
-    return JSONResponse(_model_card(ctx))
+    return JSONResponse(_model_card(ctx, model if model in ctx.names else ctx.model_name))

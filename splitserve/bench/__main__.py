@@ -4,6 +4,7 @@
     splitserve bench --url http://127.0.0.1:8000 --concurrency 1,16,64 --num-requests 64 \\
         --prompt-tokens 128 --output-tokens 64 --out-json b.json --out-md b.md --plot-dir plots
     splitserve bench --url http://127.0.0.1:8000 --rate 4 --concurrency 64 --num-requests 200
+    splitserve bench --url http://127.0.0.1:8000 --endpoint chat --concurrency 16
     splitserve bench --ceiling --model random:tiny-7m --slots 16 --context 160
 """
 
@@ -33,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     p.add_argument("--model", help="model name to send; with --ceiling: the model to load "
                    "(.gguf, Hugging Face folder, random:<preset>, default)")  # fmt: skip
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions (the prompt as text) or /v1/chat/completions (the "
+                   "prompt as a user message, through the chat template)")  # fmt: skip
     p.add_argument("--concurrency", type=_ints, default=None,
                    help="requests in flight, e.g. 1,16,64 (one run each); with --rate: a cap")
     p.add_argument("--rate", type=_floats, default=(), help="requests/s, Poisson arrivals, "
@@ -68,6 +72,7 @@ def load_main(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         url=args.url,
         model=args.model,
+        endpoint=args.endpoint,
         concurrencies=args.concurrency or ((1,) if not args.rate else ()),
         rates=args.rate,
         num_requests=args.num_requests,

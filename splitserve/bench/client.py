@@ -1,4 +1,4 @@
-"""One streaming /v1/completions request, timed per chunk.
+"""One streaming /v1/completions (or /v1/chat/completions) request, timed per chunk.
 
 A raw asyncio HTTP/1.1 client rather than a general HTTP library: with 128 streams and one chunk
 per stream per decode step, a pure-Python HTTP stack would spend a core of its own parsing, and on
@@ -45,6 +45,9 @@ class RequestResult:
     text_chars: int = 0
     status: int = 0
     error: str | None = None
+
+
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclass(frozen=True)
@@ -172,15 +175,18 @@ async def stream_completion(
     api_key: str | None = None,
     timeout_s: float = 600.0,
     pool: ConnectionPool | None = None,
+    api: str = "completions",
 ) -> RequestResult:
-    """Send one streaming completion; never raises (failures come back as ok=False).
+    """Send one streaming completion (api "completions") or chat completion ("chat"); never
+    raises (failures come back as ok=False).
 
     With a pool, the connection comes from it and goes back to it (keep-alive); without one,
     a connection of its own, closed after the request."""
     result = RequestResult(index=index)
     result.start = time.perf_counter()
     try:
-        await asyncio.wait_for(_run(endpoint, payload, api_key, result, pool), timeout_s)
+        run = _run(endpoint, payload, api_key, result, pool, API_PATHS[api])
+        await asyncio.wait_for(run, timeout_s)
     except TimeoutError:
         result.error = f"timed out after {timeout_s:g}s"
     except HTTPStatusError as exc:
@@ -196,11 +202,12 @@ async def stream_completion(
 
 
 def _request(
-    endpoint: Endpoint, payload: dict[str, Any], api_key: str | None, keep_alive: bool
-) -> bytes:
+    endpoint: Endpoint, payload: dict[str, Any], api_key: str | None, keep_alive: bool,
+    path: str = API_PATHS["completions"],
+) -> bytes:  # fmt: skip
     body = json.dumps(payload, ensure_ascii=False).encode()
     head = (
-        f"POST {endpoint.base_path}/v1/completions HTTP/1.1\r\n"
+        f"POST {endpoint.base_path}{path} HTTP/1.1\r\n"
         f"Host: {endpoint.host}:{endpoint.port}\r\n"
         "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
         f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n"
@@ -224,8 +231,9 @@ async def _run(
     api_key: str | None,
     result: RequestResult,
     pool: ConnectionPool | None,
+    path: str = API_PATHS["completions"],
 ) -> None:
-    request = _request(endpoint, payload, api_key, keep_alive=pool is not None)
+    request = _request(endpoint, payload, api_key, keep_alive=pool is not None, path=path)
     if pool is None:
         conn = await _open(endpoint)
         try:
@@ -305,7 +313,8 @@ def _event(event: bytes, now: float, result: RequestResult) -> bool:
             message = err.get("message", err) if isinstance(err, dict) else err
             raise ValueError(f"stream error: {message}")
         for choice in chunk.get("choices") or ():
-            text = choice.get("text") or ""
+            # a completion chunk's text, or a chat chunk's delta.content
+            text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             if text:
                 if result.ttft is None:
                     result.ttft = now

@@ -30,6 +30,9 @@ from splitserve.bench.stats import summarize
 class BenchSettings:
     url: str = "http://127.0.0.1:8000"
     model: str | None = None
+    # "completions" (/v1/completions, the prompt as text) or "chat" (/v1/chat/completions, the
+    # prompt as one user message, through the model's chat template: the path users take)
+    endpoint: str = "completions"
     concurrencies: tuple[int, ...] = (1,)
     rates: tuple[float, ...] = ()  # when given: Poisson loads; concurrencies[0] caps in-flight
     num_requests: tuple[int, ...] = (32,)  # one value, or one per load
@@ -51,6 +54,8 @@ class BenchSettings:
     metrics_settle_s: float = 0.6  # > 2 heartbeat intervals: the last steps reach /metrics
 
     def loads(self) -> list[LoadSpec]:
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"--endpoint must be completions or chat, not {self.endpoint!r}")
         if not 0.0 <= self.output_spread < 1.0:
             raise ValueError(f"--output-spread must be in [0, 1), not {self.output_spread}")
         if self.rates:
@@ -80,13 +85,16 @@ def output_length(settings: BenchSettings, index: int) -> int:
 
 def payload(settings: BenchSettings, prompt: str, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "prompt": prompt,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
         "temperature": settings.temperature,
     }
+    if settings.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
     if settings.model:
         body["model"] = settings.model
     if settings.stop:
@@ -134,7 +142,9 @@ async def _warm_up(settings: BenchSettings, prompts: PromptFactory) -> None:
     endpoint = Endpoint.parse(settings.url)
     for i in range(settings.warmup_requests):
         body = payload(settings, prompts.prompt(i), min(settings.output_tokens, 8))
-        r = await stream_completion(endpoint, body, i, settings.api_key, settings.request_timeout_s)
+        r = await stream_completion(
+            endpoint, body, i, settings.api_key, settings.request_timeout_s, api=settings.endpoint
+        )
         if not r.ok:
             raise ConnectionError(f"warm-up request failed: {r.error}")
 
@@ -156,7 +166,9 @@ def _run_one(
 
     async def send(index: int) -> RequestResult:
         body, key, timeout_s = bodies[index], settings.api_key, settings.request_timeout_s
-        return await stream_completion(endpoint, body, index, key, timeout_s, pool=pool)
+        return await stream_completion(
+            endpoint, body, index, key, timeout_s, pool=pool, api=settings.endpoint
+        )
 
     def done(r: RequestResult) -> None:
         bar.update(1)

@@ -5,7 +5,9 @@ prefill worker's prefill time, reach /metrics as bucketed histograms; the delta 
 the distribution seen during the run (its mean exact, its quantiles interpolated inside buckets as
 Prometheus' histogram_quantile does, so only as fine as the buckets). Where the router also
 exports a worker's recent-window quantiles as gauges (`<name>_recent{quantile="0.99"}`), those
-exact figures are reported beside them.
+exact figures are reported beside them. Worker series carry an `index` label per worker: the
+histograms and counters are summed over the workers, the recent quantiles are the worst worker's.
+The token counters are vLLM's names (`vllm:*_tokens_total`), which the router exports.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ SERVER_HISTOGRAMS = {
 COUNTERS = {
     "decode_steps": "splitserve_decode_steps_total",
     "decode_tokens": "splitserve_decode_tokens_total",
-    "server_generation_tokens": "splitserve_generation_tokens_total",
-    "server_prompt_tokens": "splitserve_prompt_tokens_total",
+    "server_generation_tokens": "vllm:generation_tokens_total",
+    "server_prompt_tokens": "vllm:prompt_tokens_total",
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -66,16 +68,18 @@ def scrape(base_url: str, timeout_s: float = 5.0, api_key: str | None = None) ->
 
 
 def histogram(samples: Samples, name: str) -> dict[str, Any] | None:
-    """bounds (finite, ascending), cumulative counts (incl. +Inf), sum; None when absent."""
+    """bounds (finite, ascending), cumulative counts (incl. +Inf), sum, all summed over the
+    label sets (one per worker); None when absent."""
     rows = samples.get(name + "_bucket")
     if not rows:
         return None
-    pairs = sorted(
-        (math.inf if labels.get("le") in ("+Inf", "Inf") else float(labels["le"]), value)
-        for labels, value in rows
-        if "le" in labels
-    )
-    total = samples.get(name + "_sum", [({}, 0.0)])[0][1]
+    by_bound: dict[float, float] = {}
+    for labels, value in rows:
+        if "le" in labels:
+            bound = math.inf if labels["le"] in ("+Inf", "Inf") else float(labels["le"])
+            by_bound[bound] = by_bound.get(bound, 0.0) + value
+    pairs = sorted(by_bound.items())
+    total = sum(v for _, v in samples.get(name + "_sum", []))
     return {
         "bounds": [b for b, _ in pairs if b != math.inf],
         "cumulative": [c for _, c in pairs],
@@ -118,11 +122,14 @@ def summarize_histogram(delta: dict[str, Any] | None) -> dict[str, float] | None
 
 
 def recent_quantiles(samples: Samples | None, name: str) -> dict[str, float] | None:
-    """A worker's recent-window quantiles, when the router exports them as gauges."""
+    """The workers' recent-window quantiles (the worst worker's), when the router exports them."""
     rows = (samples or {}).get(name + "_recent")
     if not rows:
         return None
-    by_q = {labels.get("quantile"): value for labels, value in rows}
+    by_q: dict[str | None, float] = {}
+    for labels, value in rows:
+        q = labels.get("quantile")
+        by_q[q] = max(value, by_q.get(q, value))
     out = {}
     for key, q in QUANTILES:
         for label in (str(q), f"{q:g}"):

@@ -80,7 +80,7 @@ class LogitsControls:
         ids = [*self.bias_ids, *(t for word in self.bad_words for t in word)]
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            return f"logit bias or bad words name token {bad}, outside the vocabulary of {vocab_size}"
+            return f"logit bias or bad words name token {bad}, not in the vocabulary ({vocab_size})"
         return None
 
     @property
@@ -176,9 +176,10 @@ class Engine(abc.ABC):
     supports_controls: bool = False
 
     @abc.abstractmethod
-    def warmup(self, prefill: bool = True, decode: bool = True) -> None:
+    def warmup(self, prefill: bool = True, decode: bool = True, progress=None) -> None:
         """Compile every shape this engine will run: the prefill buckets (a prefill worker's
-        side) and the decode steps (a decode worker's side)."""
+        side) and the decode steps (a decode worker's side). progress(key, done, total,
+        seconds), when given, is told of each program as it is ready (for the start-up log)."""
 
     @abc.abstractmethod
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:

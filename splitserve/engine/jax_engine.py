@@ -26,8 +26,10 @@ ever pays a compile after the worker says Ready.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -246,17 +248,31 @@ class JaxEngine(Engine):
                     keys += [("resize", prev, c), ("resize", c, prev)]
         return keys
 
-    def warmup(self, prefill: bool = True, decode: bool = True, threads: int | None = None):
+    def warmup(
+        self, prefill: bool = True, decode: bool = True, threads: int | None = None,
+        progress: Callable[[tuple, int, int, float], None] | None = None,
+    ):  # fmt: skip
         """Compile every program before the worker says Ready. A prefill worker needs only
         the prefill side (prefill=True, decode=False), a decode worker only the decode side.
 
         XLA compiles without holding the GIL, so a few threads cut the wall time of a
         warm-up (or of loading it from the persistent compilation cache).
+        progress(key, done, total, seconds) is called as each program is ready, on the thread
+        that compiled it (so that JAX's compilation-cache events seen there are that program's).
         """
         todo = [k for k in self.program_keys(prefill, decode) if k not in self._programs]
         threads = threads or min(4, os.cpu_count() or 1)
+        done = itertools.count(1)  # next() is atomic: the compile threads share it
+
+        def compile_one(key: tuple):
+            start = time.perf_counter()
+            program = self._compile(key)
+            if progress is not None:
+                progress(key, next(done), len(todo), time.perf_counter() - start)
+            return program
+
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compile") as pool:
-            for key, program in zip(todo, pool.map(self._compile, todo), strict=True):
+            for key, program in zip(todo, pool.map(compile_one, todo), strict=True):
                 self._programs[key] = program
 
     # -- Engine interface --------------------------------------------------------------

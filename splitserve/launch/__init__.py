@@ -7,6 +7,9 @@ serve` (cli.py), `deploy/launch.sh` (hostlaunch.py), the benchmark suite and the
 - threads.py: ThreadStack, the worker roles as threads of this process (threads mode).
 - threads_main.py: threads mode's one process: the router with the worker threads beside it.
 - health.py: readiness over the router's /health, waited for with a deadline.
+- ready_lines.py: what `splitserve serve` prints while a stack starts (each worker as it becomes
+  ready; who is still starting when nothing else was said for a while).
+- probe.py: a role's health as the router sees it, for Kubernetes probes.
 - supervise.py: the supervision loop: on a role's exit stop everything, or restart it with a
   back-off; a signal ends the loop so the stack drains.
 - ports.py: a free loopback port for a local stack's router.

@@ -94,9 +94,11 @@ def wait_ready(
     ready: Readiness = pipeline_ready,
     stack: Watched | None = None,
     stop: threading.Event | None = None,
+    observe: Callable[[Health | None], None] | None = None,
 ) -> bool:
     """Poll `url` until `ready`: True. False when `stop` is set first (a signal: the caller
-    stops). StackNotReady when a child of `stack` exits first, or after timeout_s."""
+    stops). StackNotReady when a child of `stack` exits first, or after timeout_s. `observe`
+    sees every read (None: nothing answered), e.g. to print workers as they become ready."""
     deadline = time.monotonic() + timeout_s
     while True:
         if stop is not None and stop.is_set():
@@ -105,6 +107,8 @@ def wait_ready(
         if dead:
             raise StackNotReady(f"{', '.join(dead)} exited before the stack was ready", dead)
         health = read_health(url)
+        if observe is not None:
+            observe(health)
         if health is not None and ready(health):
             return True
         if time.monotonic() >= deadline:

@@ -34,6 +34,7 @@ class ThreadStack:
         self.stop_event = threading.Event()
         self.classes = {"prefill": PrefillWorker, "decode": DecodeWorker, "detok": DetokWorker}
         self.threads: list[threading.Thread] = []
+        self.workers: list = []
         self.errors: list[BaseException] = []
 
     def start(self) -> ThreadStack:
@@ -42,6 +43,7 @@ class ThreadStack:
             self.classes[role](self.config, index, self.ctx, self.stop_event, self.environ)
             for role, index in role_instances(self.config, WORKER_ROLES)
         ]
+        self.workers = workers
         for w in workers:
             t = threading.Thread(
                 target=self._run, args=(w,), name=f"{w.role}-{w.index}", daemon=True
@@ -60,8 +62,11 @@ class ThreadStack:
     def stop(self, timeout_s: float = 20.0) -> None:
         self.stop_event.set()
         deadline = time.monotonic() + timeout_s
-        for t in self.threads:
-            t.join(max(0.1, deadline - time.monotonic()))
+        for w, t in zip(self.workers, self.threads, strict=True):
+            # a thread still compiling has nothing to drain and cannot be cut short: it is a
+            # daemon, it ends with the process, and waiting for it would only delay the stop
+            if w.startup.finished:
+                t.join(max(0.1, deadline - time.monotonic()))
         self.ctx.destroy(linger=0)
 
     def __enter__(self) -> ThreadStack:

@@ -1,0 +1,99 @@
+"""The packaging for the places it runs, checked without running them: the Kubernetes manifests
+against the Kubernetes schemas (kubernetes-validate, strict), and consistent with the cluster
+file they carry; the systemd units with `systemd-analyze verify`; the probe the manifests run.
+(tests/test_image.py builds and runs the OCI image.)"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import yaml
+
+from splitserve.config import config_from_dict
+from splitserve.launch import probe
+from tests.http_stack import http_stack
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+K8S = os.path.join(ROOT, "deploy", "k8s")
+SYSTEMD = os.path.join(ROOT, "deploy", "systemd")
+
+
+def manifests() -> list[dict]:
+    docs = []
+    for path in sorted(glob.glob(os.path.join(K8S, "*.yaml"))):
+        with open(path) as fh:
+            docs += [d for d in yaml.safe_load_all(fh) if d]
+    return docs
+
+
+def test_manifests_pass_the_kubernetes_schemas():
+    validate = pytest.importorskip("kubernetes_validate")
+    for doc in manifests():
+        validate.validate(doc, validate.latest_version(), strict=True)
+
+
+def test_manifests_match_the_cluster_file_they_carry():
+    docs = manifests()
+    by_kind: dict[str, dict[str, dict]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    raw = tomllib.loads(by_kind["ConfigMap"]["splitserve-cluster"]["data"]["cluster.toml"])
+    config = config_from_dict(raw)  # the file loads as every role will load it
+    services = by_kind["Service"]
+    endpoints = [config.addresses.router, *config.addresses.prefill, *config.addresses.decode,
+                 *config.addresses.detok]  # fmt: skip
+    for endpoint in endpoints:
+        host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+        service = services[host.split(".")[-1] if "." in host else host]
+        # headless, published before ready: a worker binds its name before its warm-up
+        spec = service["spec"]
+        assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"], host
+        assert int(port) in {p["port"] for p in spec["ports"]}, endpoint
+    detok = by_kind["StatefulSet"]["splitserve-detok"]
+    assert detok["spec"]["replicas"] == len(config.addresses.detok)  # the pool as replicas
+    for role in ("router", "prefill-0", "decode-0"):
+        assert f"splitserve-{role}" in by_kind["Deployment"]
+    for workload in [*by_kind["Deployment"].values(), detok]:
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        for kind in ("readinessProbe", "livenessProbe"):
+            command = " ".join(container[kind]["exec"]["command"])
+            assert "splitserve.launch.probe" in command, (workload["metadata"]["name"], kind)
+
+
+def test_systemd_units_verify(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    # the units run /opt/splitserve/venv/bin/python; verify checks that it exists, so point them
+    # at this checkout's interpreter
+    for path in glob.glob(os.path.join(SYSTEMD, "*")):
+        with open(path) as fh:
+            text = fh.read().replace("/opt/splitserve/venv/bin/python", sys.executable)
+        (tmp_path / os.path.basename(path)).write_text(text)
+    units = ["splitserve.target", "splitserve-router.service", "splitserve-prefill@0.service",
+             "splitserve-decode@0.service", "splitserve-detok@0.service",
+             "splitserve-detok@1.service"]  # fmt: skip
+    result = subprocess.run(["systemd-analyze", "verify", *units], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "splitserve" not in result.stderr, result.stderr  # no warning about our units
+
+
+@pytest.mark.timeout(120)
+def test_probe_reads_each_role_from_the_router(tokenizer_512):
+    with http_stack(tokenizer_512) as stack:
+        url = f"{stack.url}/health"
+        for role, index in (("router", 0), ("prefill", 0), ("decode", 0), ("detok", 1)):
+            assert probe.healthy(role, index, url, live=False)[0], role
+            assert probe.healthy(role, index, url, live=True)[0], role
+        assert probe.healthy("detok", 7, url, live=False) == (False, "detok[7] unknown")
+        assert probe.main(["decode", "0", "--url", url]) == 0
+    # no router: not ready, but a worker is not killed for the router's absence
+    assert probe.healthy("decode", 0, url, live=False)[0] is False
+    assert probe.healthy("decode", 0, url, live=True)[0] is True
+    assert probe.healthy("router", 0, url, live=True)[0] is False
