@@ -59,8 +59,21 @@ def test_manifests_match_the_cluster_file_they_carry():
     assert detok["spec"]["replicas"] == len(config.addresses.detok)  # the pool as replicas
     for role in ("router", "prefill-0", "decode-0"):
         assert f"splitserve-{role}" in by_kind["Deployment"]
+    # CURVE over the cluster network: the public keys and only the pod's own secret (the detok
+    # pool's StatefulSet shares one template, so its pods hold the pool's secrets)
+    assert config.security.keys_dir == "/etc/splitserve/keys"
+    own = {"splitserve-router": "router", "splitserve-prefill-0": "prefill-0",
+           "splitserve-decode-0": "decode-0", "splitserve-detok": "detok"}  # fmt: skip
     for workload in [*by_kind["Deployment"].values(), detok]:
-        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        pod = workload["spec"]["template"]["spec"]
+        (keys,) = [v for v in pod["volumes"] if v["name"] == "keys"]
+        secrets = [s["secret"]["name"] for s in keys["projected"]["sources"]]
+        assert secrets == ["splitserve-public-keys",
+                           f"splitserve-key-{own[workload['metadata']['name']]}"], secrets
+        assert keys["projected"]["defaultMode"] == 0o400  # Keyring refuses a secret others read
+        (container,) = pod["containers"]
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert config.security.keys_dir in mounts
         for kind in ("readinessProbe", "livenessProbe"):
             command = " ".join(container[kind]["exec"]["command"])
             assert "splitserve.launch.probe" in command, (workload["metadata"]["name"], kind)
