@@ -75,7 +75,8 @@ def add_api_key_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-file", help="a file (0600) holding the API key clients must send; "
                    f"or set {API_KEY_ENV}")  # fmt: skip
     # refused with a reason: a key on a command line is readable in /proc/PID/cmdline
-    p.add_argument("--api-key", help=argparse.SUPPRESS)
+    p.add_argument("--api-key", metavar="KEY", help="not accepted (every local user can read a "
+                   f"command line): use --api-key-file or {API_KEY_ENV}")  # fmt: skip
 
 
 def api_key_from(args: argparse.Namespace, environ: dict[str, str]) -> str | None:

@@ -35,11 +35,11 @@ def test_every_serve_flag_has_help():
             assert action.help and action.help != argparse.SUPPRESS, action.option_strings
 
 
-def test_max_model_len_is_max_seq_len():
+def test_max_model_len_is_max_seq_len(tmp_path):
     p = serve_parser()
     assert p.parse_args(["--max-model-len", "512"]).max_seq_len == 512
     args = p.parse_args(["--max-seq-len", "256", "--engine", "fake"])
-    assert cli.config_from_args(args).model.max_seq_len == 256
+    assert cli.config_from_args(args, lambda: str(tmp_path)).model.max_seq_len == 256
 
 
 def test_every_environment_variable_is_documented():
@@ -78,18 +78,18 @@ def test_short_model_names(path, name):
 
 
 def test_served_and_accepted_names():
-    config = config_from_dict({})
+    config = config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, })
     assert served_names(config) == ("SmolLM2-135M-Instruct",)
     assert {"SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "default"} <= (
         accepted_names(config)
     )
-    named = config_from_dict({"router": {"served_model_name": ["a", "b"]}})
+    named = config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, "router": {"served_model_name": ["a", "b"]}})
     assert served_names(named) == ("a", "b")
-    assert config_from_dict({"router": {"served_model_name": "one"}}).router.served_model_name == (
+    assert config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, "router": {"served_model_name": "one"}}).router.served_model_name == (
         "one",
     )
     with pytest.raises(ValueError, match="served_model_name"):
-        config_from_dict({"router": {"served_model_name": [""]}})
+        config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, "router": {"served_model_name": [""]}})
 
 
 def test_json_log_lines_carry_the_access_fields():
