@@ -77,19 +77,23 @@ def test_short_model_names(path, name):
     assert short_name(path) == name
 
 
+def _config(raw: dict):
+    return config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, **raw})
+
+
 def test_served_and_accepted_names():
-    config = config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, })
+    config = _config({})
     assert served_names(config) == ("SmolLM2-135M-Instruct",)
     assert {"SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "default"} <= (
         accepted_names(config)
     )
-    named = config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, "router": {"served_model_name": ["a", "b"]}})
+    named = _config({"router": {"served_model_name": ["a", "b"]}})
     assert served_names(named) == ("a", "b")
-    assert config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, "router": {"served_model_name": "one"}}).router.served_model_name == (
+    assert _config({"router": {"served_model_name": "one"}}).router.served_model_name == (
         "one",
     )
     with pytest.raises(ValueError, match="served_model_name"):
-        config_from_dict({"cluster": {"run_dir": "/tmp/unused"}, "router": {"served_model_name": [""]}})
+        _config({"router": {"served_model_name": [""]}})
 
 
 def test_json_log_lines_carry_the_access_fields():
