@@ -87,7 +87,7 @@ def test_a_full_decode_worker_is_never_chosen_over_one_with_room(tokenizer_512):
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
         tokenizer_512,
-        model={"fake_step_s": 0.01},
+        model={"fake_step_s": 0.01, "max_seq_len": 1024},
         cluster={"decode_workers": 2, "decode_slots": [4, 2]},
         router={"max_running": 6},
     )
