@@ -41,10 +41,11 @@ class Prefix:
 
 @dataclass
 class StepOutput:
-    """One decode step: a token and its log-probability per slot (free slots hold junk)."""
+    """Decode output: a token and its log-probability per slot (free slots hold junk);
+    [slots] for one step, [steps, slots] from generate_many."""
 
-    tokens: np.ndarray  # [slots] int32
-    logprobs: np.ndarray  # [slots] float32
+    tokens: np.ndarray  # [slots] or [steps, slots] int32
+    logprobs: np.ndarray  # [slots] or [steps, slots] float32
 
 
 class Engine(abc.ABC):
@@ -63,6 +64,13 @@ class Engine(abc.ABC):
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams) -> Prefix:
         """Run the prompt; sample output position 0."""
 
+    def prefill_batch(
+        self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingParams]
+    ) -> list[Prefix]:
+        """Several prompts at once, with the same prefixes as one prefill() each (an engine
+        that can batch them runs them in fewer calls)."""
+        return [self.prefill(p, s) for p, s in zip(prompts, samplings, strict=True)]
+
     @abc.abstractmethod
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
         """Place a prefix (possibly built in another process) into a free slot.
@@ -73,6 +81,16 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def generate(self) -> StepOutput:
         """One decode step over every slot; live slots advance by one token."""
+
+    def generate_many(self, steps: int) -> StepOutput:
+        """`steps` decode steps (tokens and logprobs [steps, slots]), each slot's token feeding
+        its next step; an engine may run them in one dispatch. A slot that finishes midway
+        still advances: the caller drops its later tokens and frees it."""
+        outs = [self.generate() for _ in range(steps)]
+        return StepOutput(
+            tokens=np.stack([o.tokens for o in outs]),
+            logprobs=np.stack([o.logprobs for o in outs]),
+        )
 
     @abc.abstractmethod
     def free(self, slot: int) -> None:
