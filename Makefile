@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint install clean
 
-$(STAMP): setup.cfg pyproject.toml setup.py splitserve/engine/native/qmatmul.c
+$(STAMP): setup.cfg pyproject.toml setup.py $(wildcard splitserve/engine/native/*.[ch])
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

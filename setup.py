@@ -1,4 +1,5 @@
-"""Build glue for the one native piece: the quantized matmul kernel (splitserve/engine/native),
+"""Build glue for the one native piece: the engine's kernels (splitserve/engine/native: quantized
+matmuls and decode attention),
 compiled with the C compiler into splitserve/engine/_qmatmul*.so and loaded by
 splitserve/engine/qkernel.py through ctypes and jax.ffi. Everything else is in setup.cfg.
 
@@ -13,10 +14,18 @@ setup(
     ext_modules=[
         Extension(
             "splitserve.engine._qmatmul",
-            sources=["splitserve/engine/native/qmatmul.c"],
+            sources=[
+                "splitserve/engine/native/ffi_common.c",
+                "splitserve/engine/native/qmatmul.c",
+                "splitserve/engine/native/attention.c",
+            ],
             include_dirs=["splitserve/engine/native"],
-            depends=["splitserve/engine/native/xla/ffi_c_api.h"],
+            depends=[
+                "splitserve/engine/native/ffi_common.h",
+                "splitserve/engine/native/xla/ffi_c_api.h",
+            ],
             extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
+            libraries=["m"],
             optional=True,
         )
     ]

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import llama_model
+from splitserve.engine import llama_model, qkernel
 from splitserve.engine import programs as prog
 from splitserve.engine.buckets import (
     batch_buckets,
@@ -74,6 +74,7 @@ class JaxEngine(Engine):
         decode_steps: Sequence[int] = (1,),
         weight_format: str = "float32",
         prefill_weight_format: str | None = None,
+        attention: str = "auto",
         native: dict | None = None,
         param_dtype=jnp.float32,
         cache_dtype=jnp.float32,
@@ -103,6 +104,11 @@ class JaxEngine(Engine):
         )
         self.prefill_batch_tokens = prefill_batch_tokens
         self.decode_steps = tuple(sorted({1, *decode_steps}))
+        if attention not in ("auto", "native", "xla"):
+            raise ValueError(f"attention {attention!r}: auto, native or xla")
+        if attention == "auto":
+            attention = "native" if qkernel.available() else "xla"
+        self.attention = attention
         self.weight_format = weight_format
         self.prefill_weight_format = prefill_weight_format or weight_format
         self.decode_params = llama_model.prepare_params(
@@ -188,7 +194,7 @@ class JaxEngine(Engine):
                     spec((prog.INT_ROWS, batch), i32)]
             if steps > 1:
                 args.append(spec((prog.FLOAT_ROWS, batch), f32))
-            return prog.jit_decode(cfg, steps).lower(*args).compile()
+            return prog.jit_decode(cfg, steps, self.attention).lower(*args).compile()
         raise KeyError(key)
 
     def program_keys(self, prefill: bool = True, decode: bool = True) -> list[tuple]:

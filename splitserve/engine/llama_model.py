@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import quant
+from splitserve.engine import qkernel, quant
 from splitserve.engine.llama_config import LlamaConfig
 
 HEAD_BLOCK = 4096  # output-head columns per matmul for large vocabularies (see prepare_params)
@@ -182,6 +182,19 @@ def _scores(qg, ck):
     return scores
 
 
+def _attend(qg, ck, cv, visible):
+    """XLA's decode attention: qg [n, KV, G, D] (scaled), ck [n, KV, D, C], cv [n, KV, C, D],
+    visible [n, 1, 1, C] -> [n, KV, G, D]."""
+    scores = _scores(qg, ck)  # [n, KV, G, C]
+    scores = jnp.where(visible, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    # p.V as multiply-and-reduce over C, one pass over the cache (a batched matmul of this shape
+    # is up to 30% slower on CPU). The barrier keeps XLA from fusing it into the wo matmul, which
+    # turns both into one reduction far slower than the matmul.
+    probs = jax.lax.optimization_barrier(probs)
+    return jnp.sum(probs[..., None] * cv[:, :, None].astype(jnp.float32), axis=3)
+
+
 def _logits(cfg: LlamaConfig, params: dict, x):
     """x: [..., hidden] residual stream -> [..., vocab] float32 logits."""
     h = rms_norm(x, params["final_norm"], cfg.rms_eps)
@@ -260,7 +273,10 @@ def _write_rows(cache, new, positions, axis: int):
     return cache.at[tuple(index)].set(new.astype(cache.dtype), mode="promise_in_bounds")
 
 
-def decode(cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens, positions):
+def decode(
+    cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens, positions,
+    attention: str = "xla",
+):
     """One token for each of the first n rows of the cache (n = len(tokens)).
 
     cache_k: per layer [rows, kv_heads, head_dim, capacity] (keys stored transposed, so
@@ -271,6 +287,8 @@ def decode(cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens,
     written. Attention covers the whole capacity, which the engine keeps at the smallest
     bucket that holds the longest live sequence, so a step costs what the sequences need.
     tokens: [n] int32 input token; positions: [n] int32 where it goes (< capacity).
+    attention: "xla" (the loops below) or "native" (native/attention.c: reads each row's
+    positions up to its own, not the whole capacity).
     Returns (logits [n, vocab] float32, cache_k, cache_v) with the new K/V written.
     """
     n = tokens.shape[0]
@@ -290,16 +308,11 @@ def decode(cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens,
         cv = _write_rows(cv, v, positions, axis=2)  # [rows, KV, C, D]
         new_k.append(ck)
         new_v.append(cv)
-        live_k, live_v = ck[:n], cv[:n]  # [n, KV, D, C], [n, KV, C, D]: the live rows only
         qg = (q * scale).reshape(n, kv, g, d)  # [n, KV, G, D]
-        scores = _scores(qg, live_k)  # [n, KV, G, C]
-        scores = jnp.where(visible, scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1)
-        # p.V as multiply-and-reduce over C, one pass over the cache (a batched matmul of
-        # this shape is up to 30% slower on CPU). The barrier keeps XLA from fusing it into the
-        # wo matmul, which turns both into one reduction far slower than the matmul.
-        probs = jax.lax.optimization_barrier(probs)
-        o = jnp.sum(probs[..., None] * live_v[:, :, None].astype(jnp.float32), axis=3)
-        x = x + _matmul(o.reshape(n, cfg.heads * d), lw["wo"])  # o [n, KV, G, D]
+        if attention == "native":
+            o = qkernel.attention(qg, ck, cv, positions + 1)  # [n, KV, G, D]
+        else:
+            o = _attend(qg, ck[:n], cv[:n], visible)  # the live rows only
+        x = x + _matmul(o.reshape(n, cfg.heads * d), lw["wo"])
         x = x + _mlp(cfg, lw, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))
     return _logits(cfg, params, x), new_k, new_v

@@ -34,18 +34,18 @@ def sample_fn(greedy_only, logits, ints, floats):
     return sampler.sample(logits, floats[TEMP], ints[TOP_K], floats[TOP_P], seeds, ints[OUT_POS])
 
 
-def decode_fn(cfg, params, cache_k, cache_v, ints):
+def decode_fn(cfg, attention, params, cache_k, cache_v, ints):
     """One step over rows [0, b) (b = ints.shape[1]). Greedy picks are fused in (the common
     case needs nothing else); the logits come back too, for the separate sampling program
     when some row samples."""
     logits, cache_k, cache_v = llama_model.decode(
-        cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS]
+        cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS], attention
     )
     tokens, logprobs = sampler.greedy(logits)
     return cache_k, cache_v, tokens, logprobs, logits
 
 
-def decode_steps_fn(cfg, steps, params, cache_k, cache_v, ints, floats):
+def decode_steps_fn(cfg, attention, steps, params, cache_k, cache_v, ints, floats):
     """`steps` decode steps in one program, each row's token feeding its next step: one
     dispatch instead of `steps`. Sampling runs inside (only when some row samples: a cond, so
     greedy batches skip it). Positions stop at the cache's last one, inside each row's own
@@ -57,7 +57,7 @@ def decode_steps_fn(cfg, steps, params, cache_k, cache_v, ints, floats):
     def step(carry, _):
         cache_k, cache_v, ints = carry
         logits, cache_k, cache_v = llama_model.decode(
-            cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS]
+            cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS], attention
         )
         tokens, logprobs = lax.cond(
             hot,
@@ -115,10 +115,10 @@ def resize_fn(capacity, ck, cv):
     return fit(ck, 3), fit(cv, 2)
 
 
-def jit_decode(cfg, steps: int):
+def jit_decode(cfg, steps: int, attention: str = "xla"):
     """The decode program's jitted function for `steps` steps (caches donated)."""
     from functools import partial
 
     if steps == 1:
-        return jax.jit(partial(decode_fn, cfg), donate_argnums=(1, 2))
-    return jax.jit(partial(decode_steps_fn, cfg, steps), donate_argnums=(1, 2))
+        return jax.jit(partial(decode_fn, cfg, attention), donate_argnums=(1, 2))
+    return jax.jit(partial(decode_steps_fn, cfg, attention, steps), donate_argnums=(1, 2))

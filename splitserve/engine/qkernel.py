@@ -4,10 +4,11 @@ The package's build compiles it into `splitserve/engine/_qmatmul*.so` (setup.py;
 shared library, loaded with ctypes, not a Python module). When the build could not compile it,
 `available()` is False and the engine runs float32 weights through XLA instead.
 
-Three FFI targets, one per storage format (see quant.py for the layouts):
+FFI targets: one matmul per storage format (see quant.py for the layouts), and decode
+attention (native/attention.c):
     splitserve_q8_0(x, qs, d) -> y        splitserve_q4_1(x, qs, d, m) -> y
-    splitserve_bf16(x, w) -> y
-x: [..., K] float32; y: [..., N] float32.
+    splitserve_bf16(x, w) -> y            x: [..., K] float32; y: [..., N] float32
+    splitserve_attention(q, cache_k, cache_v, lengths) -> out
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 FORMATS = ("q8_0", "q4_1", "bf16")
+TARGETS = (*FORMATS, "attention")
 ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 
 _lock = threading.Lock()
@@ -46,9 +48,9 @@ def _load() -> ctypes.CDLL | None:
             return None
         try:
             lib = ctypes.CDLL(path)
-            for fmt in FORMATS:
-                capsule = jax.ffi.pycapsule(getattr(lib, f"splitserve_{fmt}"))
-                jax.ffi.register_ffi_target(f"splitserve_{fmt}", capsule, platform="cpu")
+            for name in TARGETS:
+                capsule = jax.ffi.pycapsule(getattr(lib, f"splitserve_{name}"))
+                jax.ffi.register_ffi_target(f"splitserve_{name}", capsule, platform="cpu")
         except (OSError, AttributeError) as exc:
             _error = f"native kernel at {path} unusable: {exc}"
             return None
@@ -98,3 +100,12 @@ def qmatmul(fmt: str, x, arrays, out_dim: int):
     _require()
     out = jax.ShapeDtypeStruct((*x.shape[:-1], out_dim), jnp.float32)
     return jax.ffi.ffi_call(f"splitserve_{fmt}", out)(x.astype(jnp.float32), *arrays)
+
+
+def attention(q, cache_k, cache_v, lengths):
+    """Decode attention of rows [0, n): q [n, KV, G, D] float32 (scaled), cache_k
+    [rows, KV, D, C], cache_v [rows, KV, C, D], lengths [n] int32 (positions attended, from 0)
+    -> [n, KV, G, D] float32. Traced inside jit: one custom call."""
+    _require()
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call("splitserve_attention", out)(q, cache_k, cache_v, lengths)

@@ -19,37 +19,28 @@
    depends on the row and the instruction set only, never on B or on the other rows: a request
    gets bit-identical logits whatever batch it runs in.
 
-   Threads: rows are split into chunks taken from a shared counter by the calling thread and by
-   tasks it schedules on XLA's intra-op pool; a task that starts after the work is gone just
-   returns, so nothing waits on a busy pool.
+   Threads: rows are split into chunks shared by the calling thread and XLA's intra-op pool
+   (parallel_for, ffi_common.h).
 
    Plain C11 against XLA's C API header (vendored: no C++ compiler and no jaxlib needed to
    build); AVX-512 and AVX2 paths chosen at run time, with a portable fallback. */
 
-#include <stdatomic.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define SPLITSERVE_X86 1
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
-#define TARGET_AVX2 __attribute__((target("avx2,f16c,fma")))
-#endif
+#include "ffi_common.h"
 
-#include "xla/ffi_c_api.h"
-
-#define EXPORT __attribute__((visibility("default")))
-#define INLINE static inline __attribute__((always_inline))
 #define BLOCK 32
 #define MAX_BLOCKS 1024 /* K <= 32768: the scales of one row fit on the stack */
 #define MAX_CB 8        /* batch rows per pass over a weight row (accumulators in registers) */
 
 enum { FMT_Q8_0 = 0, FMT_Q4_1 = 1, FMT_BF16 = 2 };
-enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
-typedef struct {
+typedef struct Job Job;
+typedef void RowsFn(const Job* j, int64_t n0, int64_t n1);
+
+struct Job {
+  RowsFn* rows;
   int fmt;
   int64_t B, K, N;
   const float* x;     /* [B, K] */
@@ -57,9 +48,7 @@ typedef struct {
   const uint16_t* d;  /* [N, K/32] f16 */
   const uint16_t* m;  /* [N, K/32] f16 (q4_1) */
   float* y;           /* [B, N] */
-} Job;
-
-typedef void RowsFn(const Job* j, int64_t n0, int64_t n1);
+};
 
 /* ---- half precision, portable ------------------------------------------------------------ */
 
@@ -370,45 +359,6 @@ TARGET_AVX2 static void rows_avx2(const Job* j, int64_t n0, int64_t n1) {
 
 #endif /* SPLITSERVE_X86 */
 
-/* ---- instruction set and thread settings ---------------------------------------------------- */
-
-static int best_isa(void) {
-#ifdef SPLITSERVE_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
-    return ISA_AVX512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
-#endif
-  return ISA_SCALAR;
-}
-
-static atomic_int g_isa = -1;      /* -1: not chosen yet */
-static atomic_int g_threads = 0;   /* 0: as many as XLA's intra-op pool has */
-
-static int current_isa(void) {
-  int isa = atomic_load(&g_isa);
-  if (isa < 0) {
-    isa = best_isa();
-    atomic_store(&g_isa, isa);
-  }
-  return isa;
-}
-
-/* The instruction set in use (0 portable, 1 AVX2, 2 AVX-512). */
-EXPORT int splitserve_qkernel_isa(void) { return current_isa(); }
-
-/* Use `isa` if this CPU has it, else the best below it; returns the one now in use. Tests run
-   every path the machine supports this way. */
-EXPORT int splitserve_qkernel_set_isa(int isa) {
-  int best = best_isa();
-  atomic_store(&g_isa, isa < 0 || isa > best ? best : isa);
-  return atomic_load(&g_isa);
-}
-
-/* At most this many threads per product (0: the pool's size, 1: the calling thread alone). */
-EXPORT void splitserve_qkernel_set_threads(int n) { atomic_store(&g_threads, n < 0 ? 0 : n); }
-
 static RowsFn* rows_fn(void) {
   switch (current_isa()) {
 #ifdef SPLITSERVE_X86
@@ -419,126 +369,12 @@ static RowsFn* rows_fn(void) {
   }
 }
 
-/* ---- work sharing ---------------------------------------------------------------------------- */
-
-typedef struct {
-  Job job;
-  RowsFn* rows;
-  int64_t chunk, nchunks;
-  atomic_llong next; /* next chunk to take */
-  atomic_llong done; /* chunks finished */
-  atomic_int refs;   /* the caller and every scheduled task; the last one frees */
-} Shared;
-
-static void run_chunks(Shared* s) {
-  for (;;) {
-    long long c = atomic_fetch_add(&s->next, 1);
-    if (c >= s->nchunks) return;
-    int64_t n0 = c * s->chunk, n1 = n0 + s->chunk;
-    s->rows(&s->job, n0, n1 < s->job.N ? n1 : s->job.N);
-    atomic_fetch_add(&s->done, 1);
-  }
-}
-
-static void release(Shared* s) {
-  if (atomic_fetch_sub(&s->refs, 1) == 1) free(s);
-}
-
-static void pool_task(void* data) {
-  Shared* s = (Shared*)data;
-  run_chunks(s);
-  release(s);
-}
-
-static void destroy_error(const XLA_FFI_Api* api, XLA_FFI_Error* e) {
-  XLA_FFI_Error_Destroy_Args a = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, e};
-  api->XLA_FFI_Error_Destroy(&a);
-}
-
-static int64_t pool_threads(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx) {
-  int64_t n = 0;
-  XLA_FFI_ThreadPool_NumThreads_Args a = {XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE, NULL,
-                                          ctx, &n};
-  XLA_FFI_Error* e = api->XLA_FFI_ThreadPool_NumThreads(&a);
-  if (e) {
-    destroy_error(api, e);
-    return 0;
-  }
-  return n;
-}
-
-/* Below this many multiply-adds a product runs on the calling thread: handing work to another
-   thread costs microseconds. */
-#define MIN_PARALLEL_MACS (1 << 18)
-
-static void run(const Job* job, const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx) {
-  RowsFn* rows = rows_fn();
-  int64_t want = atomic_load(&g_threads);
-  int64_t helpers = 0;
-  if (want != 1 && job->B * job->K * job->N >= MIN_PARALLEL_MACS) {
-    helpers = pool_threads(api, ctx);
-    if (want > 1 && helpers > want - 1) helpers = want - 1;
-  }
-  if (helpers <= 0) {
-    rows(job, 0, job->N);
-    return;
-  }
-  Shared* s = (Shared*)malloc(sizeof(Shared));
-  if (!s) {
-    rows(job, 0, job->N);
-    return;
-  }
-  s->job = *job;
-  s->rows = rows;
-  /* a few chunks per thread, so one that starts late still finds work */
-  int64_t nchunks = (helpers + 1) * 4;
-  s->chunk = (job->N + nchunks - 1) / nchunks;
-  s->nchunks = (job->N + s->chunk - 1) / s->chunk;
-  atomic_init(&s->next, 0);
-  atomic_init(&s->done, 0);
-  atomic_init(&s->refs, 1);
-  for (int64_t t = 0; t < helpers; ++t) {
-    atomic_fetch_add(&s->refs, 1);
-    XLA_FFI_ThreadPool_Schedule_Args a = {XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE, NULL, ctx,
-                                          pool_task, s};
-    XLA_FFI_Error* e = api->XLA_FFI_ThreadPool_Schedule(&a);
-    if (e) {
-      destroy_error(api, e);
-      atomic_fetch_sub(&s->refs, 1);
-      break;
-    }
-  }
-  run_chunks(s);
-  while (atomic_load(&s->done) < s->nchunks) {
-#ifdef SPLITSERVE_X86
-    _mm_pause();
-#endif
-  }
-  release(s);
+static void rows_chunk(const void* job, int64_t n0, int64_t n1) {
+  const Job* j = (const Job*)job;
+  j->rows(j, n0, n1);
 }
 
 /* ---- the FFI handlers ------------------------------------------------------------------------ */
-
-static XLA_FFI_Error* error(const XLA_FFI_Api* api, const char* msg) {
-  XLA_FFI_Error_Create_Args a = {XLA_FFI_Error_Create_Args_STRUCT_SIZE, NULL, msg,
-                                 XLA_FFI_Error_Code_INVALID_ARGUMENT};
-  return api->XLA_FFI_Error_Create(&a);
-}
-
-/* XLA first asks a handler which API version it was built against. */
-static XLA_FFI_Error* metadata(XLA_FFI_CallFrame* cf) {
-  XLA_FFI_Metadata_Extension* ext = (XLA_FFI_Metadata_Extension*)cf->extension_start;
-  ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
-  ext->metadata->api_version.extension_start = NULL;
-  ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-  ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
-  ext->metadata->traits = 0;
-  return NULL;
-}
-
-static XLA_FFI_Buffer* arg(XLA_FFI_CallFrame* cf, int i) {
-  return cf->args.types[i] == XLA_FFI_ArgType_BUFFER ? (XLA_FFI_Buffer*)cf->args.args[i] : NULL;
-}
 
 static int is_16bit(XLA_FFI_DataType t) {
   return t == XLA_FFI_DataType_U16 || t == XLA_FFI_DataType_F16 || t == XLA_FFI_DataType_BF16 ||
@@ -551,18 +387,15 @@ static int matrix(const XLA_FFI_Buffer* b, int64_t n, int64_t cols) {
 }
 
 static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt) {
-  if (cf->extension_start && cf->extension_start->type == XLA_FFI_Extension_Metadata)
-    return metadata(cf);
+  XLA_FFI_Error* early;
+  if (ffi_preamble(cf, &early)) return early;
   const XLA_FFI_Api* api = cf->api;
-  if (cf->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
   const int nargs = fmt == FMT_Q4_1 ? 4 : (fmt == FMT_Q8_0 ? 3 : 2);
-  if (cf->args.size != nargs || cf->rets.size != 1) return error(api, "qmatmul: wrong arity");
-  XLA_FFI_Buffer *x = arg(cf, 0), *w = arg(cf, 1);
-  XLA_FFI_Buffer* y = cf->rets.types[0] == XLA_FFI_RetType_BUFFER
-                          ? (XLA_FFI_Buffer*)cf->rets.rets[0] : NULL;
+  if (cf->args.size != nargs || cf->rets.size != 1) return ffi_error(api, "qmatmul: wrong arity");
+  XLA_FFI_Buffer *x = ffi_arg(cf, 0), *w = ffi_arg(cf, 1), *y = ffi_ret(cf);
   if (!x || !w || !y || x->dtype != XLA_FFI_DataType_F32 || y->dtype != XLA_FFI_DataType_F32 ||
       x->rank < 1 || w->rank != 2)
-    return error(api, "qmatmul: x and y must be float32, w a matrix");
+    return ffi_error(api, "qmatmul: x and y must be float32, w a matrix");
   Job j;
   j.fmt = fmt;
   j.K = x->dims[x->rank - 1];
@@ -570,31 +403,32 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt) {
   j.B = 1;
   for (int64_t i = 0; i + 1 < x->rank; ++i) j.B *= x->dims[i];
   if (j.K % BLOCK || j.K / BLOCK > MAX_BLOCKS)
-    return error(api, "qmatmul: K must be a multiple of 32, at most 32768");
+    return ffi_error(api, "qmatmul: K must be a multiple of 32, at most 32768");
   int64_t yb = 1;
   for (int64_t i = 0; i + 1 < y->rank; ++i) yb *= y->dims[i];
   if (y->rank < 1 || y->dims[y->rank - 1] != j.N || yb != j.B)
-    return error(api, "qmatmul: y must be [..., N] with x's leading dims");
+    return ffi_error(api, "qmatmul: y must be [..., N] with x's leading dims");
   const int64_t nb = j.K / BLOCK;
   j.x = (const float*)x->data;
   j.w = w->data;
   j.y = (float*)y->data;
   j.d = j.m = NULL;
   if (fmt == FMT_BF16) {
-    if (!matrix(w, j.N, j.K) || !is_16bit(w->dtype)) return error(api, "bf16: w [N, K] 16-bit");
+    if (!matrix(w, j.N, j.K) || !is_16bit(w->dtype)) return ffi_error(api, "bf16: w [N, K] 16-bit");
   } else {
-    XLA_FFI_Buffer* d = arg(cf, 2);
+    XLA_FFI_Buffer* d = ffi_arg(cf, 2);
     int q_ok = fmt == FMT_Q8_0 ? matrix(w, j.N, j.K) : matrix(w, j.N, j.K / 2);
     if (!q_ok || !matrix(d, j.N, nb) || !is_16bit(d->dtype))
-      return error(api, "qmatmul: qs [N, K or K/2] and d [N, K/32] f16 expected");
+      return ffi_error(api, "qmatmul: qs [N, K or K/2] and d [N, K/32] f16 expected");
     j.d = (const uint16_t*)d->data;
     if (fmt == FMT_Q4_1) {
-      XLA_FFI_Buffer* m = arg(cf, 3);
-      if (!matrix(m, j.N, nb) || !is_16bit(m->dtype)) return error(api, "q4_1: m [N, K/32] f16");
+      XLA_FFI_Buffer* m = ffi_arg(cf, 3);
+      if (!matrix(m, j.N, nb) || !is_16bit(m->dtype)) return ffi_error(api, "q4_1: m [N, K/32] f16");
       j.m = (const uint16_t*)m->data;
     }
   }
-  run(&j, api, cf->ctx);
+  j.rows = rows_fn();
+  parallel_for(api, cf->ctx, j.N, j.B * j.K * j.N, rows_chunk, &j, sizeof j);
   return NULL;
 }
 
