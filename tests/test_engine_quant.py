@@ -174,7 +174,7 @@ def _decode(engine, prompt, steps=16):
 
 def _engine(path, fmt):
     return build_jax_engine(path, 1, 64, prefill_buckets=(16, 64), decode_buckets=(64,),
-                            weight_format=fmt)
+                            weight_format=fmt, prefill_weight_format=fmt)
 
 
 def test_the_files_own_blocks_decode_exactly_as_float32(gguf_path):

@@ -133,9 +133,11 @@ static int64_t pool_threads(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ct
 
 void parallel_for(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx, int64_t n, int64_t work,
                   ChunkFn* fn, const void* job, int job_size) {
+  /* The calling thread works too, so a pool of T threads gets T - 1 helpers: XLA's own ops use
+     about as many threads as its pool has (cpu_threads), and so do these kernels. */
   int64_t want = atomic_load(&g_threads), helpers = 0;
   if (want != 1 && work >= MIN_PARALLEL_WORK && n > 1) {
-    helpers = pool_threads(api, ctx);
+    helpers = pool_threads(api, ctx) - 1;
     if (want > 1 && helpers > want - 1) helpers = want - 1;
   }
   Shared* s = helpers > 0 ? (Shared*)malloc(sizeof(Shared) + (size_t)job_size) : NULL;
