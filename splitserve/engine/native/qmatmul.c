@@ -160,14 +160,17 @@ TARGET_AVX512 INLINE void q4_1_avx512_cb(const Job* j, int64_t n, int64_t b0, co
   const int64_t K = j->K, nb = K / BLOCK;
   const float* x = j->x;
   const uint8_t* q = (const uint8_t*)j->w + n * (K / 2);
-  const __m512i low4 = _mm512_set1_epi32(0xf);
+  /* The block's 16 possible weights d * q + m (one rounding each, as gguf's dequantizer) in a
+     register, looked up by nibble (vpermps reads an index's low 4 bits only): 7 vector
+     operations per 32 weights instead of 9 with two conversions and two more multiply-adds. */
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   __m512 acc_lo[MAX_CB], acc_hi[MAX_CB];
   for (int b = 0; b < cb; ++b) acc_lo[b] = acc_hi[b] = _mm512_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
-    const __m512 d = _mm512_set1_ps(ds[blk]), m = _mm512_set1_ps(ms[blk]);
+    const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds[blk]), _mm512_set1_ps(ms[blk]));
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + blk * 16)));
-    const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low4)), d, m);
-    const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
+    const __m512 lo = _mm512_permutexvar_ps(v, table);
+    const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
     AVX512_ACCUMULATE(lo, hi)
   }
   AVX512_STORE()
