@@ -210,10 +210,36 @@ TARGET_AVX512 INLINE void bf16_avx512_cb(const Job* j, int64_t n, int64_t b0, co
     }                                                               \
   }
 
+/* A row's weights are read once, start to end, row after row: one long stream. One core keeps
+   too few misses in flight to stream it at the memory's pace while it computes, so each row
+   asks for the lines of the row PREFETCH_BYTES ahead. Measured on a cold 1536x576 matrix at one
+   batch row (minimum of 20 passes over 200 matrices, 6 alternating runs): q4_1 0.089 -> 0.063
+   ms, q8_0 0.146 -> 0.104 with 4 KiB ahead; no change at 16 rows (there it computes). */
+#define PREFETCH_BYTES 4096
+
+static inline int64_t row_bytes(const Job* j) {
+  return j->fmt == FMT_Q8_0 ? j->K : (j->fmt == FMT_Q4_1 ? j->K / 2 : 2 * j->K);
+}
+
+static inline void prefetch_row(const Job* j, int64_t n) {
+#ifdef SPLITSERVE_X86
+  const int64_t size = row_bytes(j), nb = j->K / BLOCK;
+  const char* q = (const char*)j->w + n * size;
+  for (int64_t i = 0; i < size; i += 64) _mm_prefetch(q + i, _MM_HINT_T0);
+  if (j->d) _mm_prefetch((const char*)(j->d + n * nb), _MM_HINT_T0);
+  if (j->m) _mm_prefetch((const char*)(j->m + n * nb), _MM_HINT_T0);
+#else
+  (void)j;
+  (void)n;
+#endif
+}
+
 TARGET_AVX512 static void rows_avx512(const Job* j, int64_t n0, int64_t n1) {
   const int64_t nb = j->K / BLOCK;
+  const int64_t ahead = PREFETCH_BYTES / row_bytes(j) + 1;
   float ds[MAX_BLOCKS], ms[MAX_BLOCKS];
   for (int64_t n = n0; n < n1; ++n) {
+    if (n + ahead < n1) prefetch_row(j, n + ahead);
     if (j->fmt == FMT_Q8_0) {
       scales_avx512(j->d + n * nb, nb, ds);
 #define CALL(cb) q8_0_avx512_cb(j, n, b0, cb, ds)
@@ -339,8 +365,10 @@ TARGET_AVX2 INLINE void bf16_avx2_cb(const Job* j, int64_t n, int64_t b0, const 
 
 TARGET_AVX2 static void rows_avx2(const Job* j, int64_t n0, int64_t n1) {
   const int64_t nb = j->K / BLOCK;
+  const int64_t ahead = PREFETCH_BYTES / row_bytes(j) + 1;
   float ds[MAX_BLOCKS], ms[MAX_BLOCKS];
   for (int64_t n = n0; n < n1; ++n) {
+    if (n + ahead < n1) prefetch_row(j, n + ahead);
     if (j->fmt == FMT_Q8_0) {
       scales_avx2(j->d + n * nb, nb, ds);
 #define CALL(cb) q8_0_avx2_cb(j, n, b0, cb, ds)
