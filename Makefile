@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint install clean deploy-configs image-test
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml setup.py $(wildcard splitserve/engine/native/*.[ch])
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

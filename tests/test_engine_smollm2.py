@@ -31,3 +31,25 @@ def test_smollm2_knows_the_capital_of_france():
         out.append(int(engine.generate().tokens[1]))
     answer = tok.decode(out)
     assert "Paris" in answer, answer
+
+
+def test_smollm2_own_q4_blocks_decode_as_float32():
+    """The file's own Q4_1/Q8_0 blocks in the native kernel (prefill and decode) give the greedy
+    tokens of float32 weights dequantized from the same file."""
+    path = default_model_path()
+    tok = load_tokenizer(path)
+    questions = ["What is the capital of France?", "Write a haiku about the sea."]
+
+    def answers(fmt):
+        engine = build_jax_engine(path, 1, 96, prefill_buckets=(64, 96), decode_buckets=(96,),
+                                  weight_format=fmt, prefill_weight_format=fmt)
+        out = []
+        for q in questions:
+            ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
+            prefix = engine.prefill(ids, SamplingParams())
+            engine.insert(prefix, 0, SamplingParams())
+            out.append([prefix.first_token] + [int(engine.generate().tokens[0]) for _ in range(24)])
+            engine.free(0)
+        return out
+
+    assert answers("gguf") == answers("float32")

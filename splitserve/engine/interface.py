@@ -156,12 +156,13 @@ class Prefix:
 
 @dataclass
 class StepOutput:
-    """One decode step: a token and its log-probability per slot (free slots hold junk)."""
+    """Decode output: a token and its log-probability per slot (free slots hold junk);
+    [slots] for one step, [steps, slots] from generate_many."""
 
-    tokens: np.ndarray  # [slots] int32
-    logprobs: np.ndarray  # [slots] float32
+    tokens: np.ndarray  # [slots] or [steps, slots] int32
+    logprobs: np.ndarray  # [slots] or [steps, slots] float32
     # when some live slot asked for top logprobs: [slots, k], k at least the largest count asked
-    # (each slot reads as many as it asked for)
+    # (each slot reads as many as it asked for); one step only
     top: TopLogprobs | None = None
 
 
@@ -189,6 +190,18 @@ class Engine(abc.ABC):
         An engine that supports controls also takes `controls: LogitsControls | None` and
         `mask: np.ndarray | None` ([W] int32, the first token's allowed set) as keywords."""
 
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        samplings: Sequence[SamplingParams],
+        out_pos: Sequence[int] | None = None,
+    ) -> list[Prefix]:
+        """Several prompts at once, with the same prefixes as one prefill() each (an engine
+        that can batch them runs them in fewer calls)."""
+        positions = list(out_pos) if out_pos is not None else [0] * len(prompts)
+        return [self.prefill(p, s, pos) for p, s, pos in
+                zip(prompts, samplings, positions, strict=True)]  # fmt: skip
+
     @abc.abstractmethod
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
         """Place a prefix (possibly built in another process) into a free slot.
@@ -201,6 +214,16 @@ class Engine(abc.ABC):
     def generate(self) -> StepOutput:
         """One decode step over every slot; live slots advance by one token. An engine that
         supports controls takes `masks: StepMasks | None` as a keyword."""
+
+    def generate_many(self, steps: int) -> StepOutput:
+        """`steps` decode steps (tokens and logprobs [steps, slots]), each slot's token feeding
+        its next step; an engine may run them in one dispatch. A slot that finishes midway
+        still advances: the caller drops its later tokens and frees it."""
+        outs = [self.generate() for _ in range(steps)]
+        return StepOutput(
+            tokens=np.stack([o.tokens for o in outs]),
+            logprobs=np.stack([o.logprobs for o in outs]),
+        )
 
     @abc.abstractmethod
     def free(self, slot: int) -> None:

@@ -2,24 +2,33 @@
 
 1. `prefill` pads the prompt to a length bucket (one compiled program per bucket), runs it,
    samples output position 0, and returns the KV cache cut to the true length as numpy.
-2. `insert` copies such a prefix (maybe a read-only view of a message buffer) into one
-   slot of the device cache and records the slot's position, next input token and
-   sampling parameters on the host. The cache is one buffer pair per layer (XLA on CPU
-   copies slices of a stacked buffer before using them): keys [slots, kv_heads, head_dim,
-   capacity] (transposed, so q.K reads along the last axis), values [slots, kv_heads,
-   capacity, head_dim].
-3. `generate` runs one compiled step over every slot: the cache buffers are donated so
-   the new K/V are written in place. The cache's capacity (positions per slot) follows
-   the smallest decode bucket that covers the longest live sequence, by a compiled copy,
-   so attention costs what the live sequences need, not max_seq_len. It grows at once; it
-   shrinks only once the live sequences have needed less for `shrink_after_steps` steps
-   in a row: a copy of a large cache stalls a step for as long as several steps take, and
-   under a steady load the longest sequence keeps ending and another soon takes its place.
-   The step returns greedy picks directly; only when some live slot samples does a second,
-   per-slot sampling program run on its logits.
+   `prefill_batch` runs several prompts in one call, padded to a (count, length) bucket
+   within a token budget, with the same results as one at a time.
+2. `insert` copies such a prefix (maybe a read-only view of a message buffer) into the row
+   of the batch that holds the slot (slot_rows.py: live slots stay packed at the front),
+   and records the row's position, next input token and sampling parameters on the host.
+   The cache is one buffer pair per layer (XLA on CPU copies slices of a stacked buffer
+   before using them): keys [rows, kv_heads, head_dim, capacity] (transposed, so q.K reads
+   along the last axis), values [rows, kv_heads, capacity, head_dim].
+3. `generate` runs one compiled step over rows [0, b), b the smallest batch bucket that
+   holds the live slots (a live row beyond b first moves into a hole below it), so one
+   stream costs a batch of one, not num_slots. The cache buffers are donated so the new
+   K/V are written in place. The cache's capacity (positions per row) follows the smallest
+   capacity bucket that covers the longest live sequence, by a compiled copy, so attention
+   costs what the live sequences need, not max_seq_len. It grows at once; it shrinks only
+   once the live sequences have needed less for `shrink_after_steps` steps in a row: a copy
+   of a large cache stalls a step for as long as several steps take, and under a steady
+   load the longest sequence keeps ending and another soon takes its place. The step
+   returns greedy picks directly; only when some live slot samples does a second, per-row
+   sampling program run on its logits. `generate_many(k)` runs k steps in one dispatch.
 4. `free` marks the slot unused; its stale cache is never visible to other slots (each
-   slot attends to its own row only) nor to its next occupant (masked by position).
+   row attends to its own cache only) nor to its next occupant (masked by position).
 
+Matrices take the form `weight_format` names (quant.WEIGHT_FORMATS): float32 for XLA, or a
+quantized form for the native kernel; prefill may use another (`prefill_weight_format`).
+"auto" (the default) keeps a GGUF file's own Q8_0/Q4_0/Q4_1 blocks (exact, and the fastest
+measured) and float32 for any other checkpoint (int8 and bfloat16 round its weights: opt-in);
+prefill defaults to float32.
 Every program is compiled ahead of time (`warmup`) and kept as an executable, so no step
 ever pays a compile after the worker says Ready.
 """
@@ -37,102 +46,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import llama_model
-from splitserve.engine import sampling as sampler
+from splitserve.engine import llama_model, qkernel
+from splitserve.engine import programs as prog
+from splitserve.engine.buckets import (
+    batch_buckets,
+    capacity_buckets,
+    check_buckets,
+    length_buckets,
+    pick,
+    prefill_shapes,
+)
 from splitserve.engine.interface import Engine, Prefix, SamplingParams, StepOutput
 from splitserve.engine.llama_config import LlamaConfig, preset
-
-# Rows of the packed per-step int32 input (one host->device copy per step, not five).
-_TOKEN, _POS, _OUT_POS, _TOP_K, _SEED = range(5)
-# Rows of the packed per-step float32 input.
-_TEMP, _TOP_P = range(2)
-
-
-def length_buckets(smallest: int, largest: int) -> tuple[int, ...]:
-    """Powers of two from `smallest` below `largest`, then `largest` itself."""
-    out, n = [], smallest
-    while n < largest:
-        out.append(n)
-        n *= 2
-    out.append(largest)
-    return tuple(out)
-
-
-def capacity_buckets(smallest: int, largest: int) -> tuple[int, ...]:
-    """Decode cache capacities: powers of two from `smallest` and, from 2 * smallest on,
-    the midpoints 1.5x between them (64, 128, 192, 256, 384, ...), then `largest`.
-
-    Attention is memory-bound and reads the whole capacity every step, so the finer steps
-    waste at most a third of it instead of half, for a few more compiled programs.
-    """
-    out: list[int] = []
-    n = smallest
-    while n < largest:
-        out.append(n)
-        if n >= 2 * smallest and n * 3 // 2 < largest:
-            out.append(n * 3 // 2)
-        n *= 2
-    out.append(largest)
-    return tuple(out)
-
-
-def _pick(buckets: Sequence[int], n: int) -> int:
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"length {n} exceeds the largest bucket {buckets[-1]}")
-
-
-def _prefill_fn(cfg, params, tokens, length):
-    logits, k, v = llama_model.prefill(cfg, params, tokens, length)
-    return logits[None], k, v  # logits [1, vocab]: the sampling program's row shape
-
-
-def _sample_fn(greedy_only, logits, ints, floats):
-    if greedy_only:
-        return sampler.greedy(logits)
-    seeds = jax.lax.bitcast_convert_type(ints[_SEED], jnp.uint32)
-    return sampler.sample(
-        logits, floats[_TEMP], ints[_TOP_K], floats[_TOP_P], seeds, ints[_OUT_POS]
-    )
-
-
-def _decode_fn(cfg, params, cache_k, cache_v, ints):
-    """One step. Greedy picks are fused in (the common case needs nothing else); the logits
-    come back too, for the separate sampling program when some slot samples."""
-    logits, cache_k, cache_v = llama_model.decode(
-        cfg, params, cache_k, cache_v, ints[_TOKEN], ints[_POS]
-    )
-    tokens, logprobs = sampler.greedy(logits)
-    return cache_k, cache_v, tokens, logprobs, logits
-
-
-def _insert_fn(ck, cv, k, v, slot):
-    """One layer: k, v [width, kv_heads, head_dim] -> positions [0, width) of one slot.
-
-    Per layer rather than all layers at once: the same small program serves every layer,
-    so the (width, capacity) pairs cost little to compile even for deep models.
-    ck: [slots, KV, D, capacity] (keys transposed); cv: [slots, KV, capacity, D].
-    """
-    kt = jnp.transpose(k, (1, 2, 0))[None]  # [1, KV, D, width]
-    vt = jnp.transpose(v, (1, 0, 2))[None]  # [1, KV, width, D]
-    ck = jax.lax.dynamic_update_slice(ck, kt.astype(ck.dtype), (slot, 0, 0, 0))
-    cv = jax.lax.dynamic_update_slice(cv, vt.astype(cv.dtype), (slot, 0, 0, 0))
-    return ck, cv
-
-
-def _resize_fn(capacity, ck, cv):
-    """One layer's caches copied to another capacity: positions beyond it are dropped (no
-    live slot uses them), new positions are zero."""
-
-    def fit(a, axis):
-        keep = min(a.shape[axis], capacity)
-        a = jax.lax.slice_in_dim(a, 0, keep, axis=axis)
-        pad = [(0, 0, 0)] * a.ndim
-        pad[axis] = (0, capacity - keep, 0)
-        return jax.lax.pad(a, jnp.zeros((), a.dtype), pad)
-
-    return fit(ck, 3), fit(cv, 2)
+from splitserve.engine.slot_rows import SlotRows
 
 
 class JaxEngine(Engine):
@@ -147,6 +73,14 @@ class JaxEngine(Engine):
         *,
         prefill_buckets: Sequence[int] | None = None,
         decode_buckets: Sequence[int] | None = None,
+        batch_sizes: Sequence[int] | None = None,
+        prefill_counts: Sequence[int] = (1,),
+        prefill_batch_tokens: int = 1024,
+        decode_steps: Sequence[int] = (1,),
+        weight_format: str = "auto",
+        prefill_weight_format: str | None = None,
+        attention: str = "auto",
+        native: dict | None = None,
         param_dtype=jnp.float32,
         cache_dtype=jnp.float32,
         shrink_after_steps: int = 256,
@@ -160,22 +94,54 @@ class JaxEngine(Engine):
         self.max_seq_len = max_seq_len
         self.vocab_size = cfg.vocab_size
         self.cache_dtype = np.dtype(cache_dtype)
-        self.prefill_buckets = tuple(prefill_buckets or length_buckets(16, max_seq_len))
-        self.decode_buckets = tuple(decode_buckets or capacity_buckets(64, max_seq_len))
-        for name, b in (("prefill", self.prefill_buckets), ("decode", self.decode_buckets)):
-            if list(b) != sorted(set(b)) or b[-1] != max_seq_len:
-                raise ValueError(f"{name} buckets {b} must ascend and end at {max_seq_len}")
-        self.params = llama_model.prepare_params(cfg, weights, param_dtype)
+        self.prefill_buckets = check_buckets(
+            "prefill", prefill_buckets or length_buckets(16, max_seq_len), max_seq_len
+        )
+        self.decode_buckets = check_buckets(
+            "decode", decode_buckets or capacity_buckets(64, max_seq_len), max_seq_len
+        )
+        self.batch_buckets = check_buckets(
+            "batch", batch_sizes or batch_buckets(num_slots), num_slots
+        )
+        self.prefill_counts = tuple(sorted({1, *prefill_counts}))
+        self.prefill_shapes = prefill_shapes(
+            self.prefill_buckets, self.prefill_counts, prefill_batch_tokens
+        )
+        self.prefill_batch_tokens = prefill_batch_tokens
+        self.decode_steps = tuple(sorted({1, *decode_steps}))
+        if attention not in ("auto", "native", "xla"):
+            raise ValueError(f"attention {attention!r}: auto, native or xla")
+        if attention == "auto":
+            attention = "native" if qkernel.available() else "xla"
+        self.attention = attention
+        if weight_format == "auto":  # a GGUF file's own blocks when it has them (exact)
+            weight_format = "gguf" if native else "float32"
+        # Prefill multiplies many rows at once, where XLA's float32 matmuls beat the kernel
+        # (default model, 64 and 128 tokens: 2x less CPU time; 16 tokens: 0.7x).
+        self.weight_format = weight_format
+        self.prefill_weight_format = prefill_weight_format or "float32"
+        self.decode_params = llama_model.prepare_params(
+            cfg, weights, param_dtype, weights=weight_format, native=native
+        )
+        self.params = (  # the prefill side's
+            self.decode_params
+            if self.prefill_weight_format == weight_format
+            else llama_model.prepare_params(
+                cfg, weights, param_dtype, weights=self.prefill_weight_format, native=native
+            )
+        )
         self._capacity = self.decode_buckets[0]
         self.shrink_after_steps = shrink_after_steps
         self._steps_over = 0  # consecutive steps whose live sequences needed a smaller cache
         self._cache_k, self._cache_v = self._empty_cache(self._capacity)
-        # Host-side slot table, packed into one int and one float array per step.
-        self._ints = np.zeros((5, num_slots), np.int32)  # rows: _TOKEN, _POS, ...
-        self._floats = np.zeros((2, num_slots), np.float32)  # rows: _TEMP, _TOP_P
-        self._floats[_TOP_P] = 1.0
-        self._live = np.zeros(num_slots, bool)
+        # Host-side table by row, packed into one int and one float array per step.
+        self._rows = SlotRows(num_slots)
+        self._ints = np.zeros((prog.INT_ROWS, num_slots), np.int32)  # TOKEN, POS, ...
+        self._floats = np.zeros((prog.FLOAT_ROWS, num_slots), np.float32)  # TEMP, TOP_P
+        self._floats[prog.TOP_P] = 1.0
+        self._live = np.zeros(num_slots, bool)  # by row
         self._programs: dict[tuple, jax.stages.Compiled] = {}
+        self.rows_moved = 0  # compaction moves so far (a figure for benchmarks)
 
     def _cache_shapes(self, capacity: int) -> tuple[tuple, tuple]:
         c = self.cfg
@@ -193,11 +159,11 @@ class JaxEngine(Engine):
 
     def _program(self, key: tuple):
         """The compiled executable for one shape, compiled on first use."""
-        prog = self._programs.get(key)
-        if prog is None:
-            prog = self._compile(key)
-            self._programs[key] = prog
-        return prog
+        program = self._programs.get(key)
+        if program is None:
+            program = self._compile(key)
+            self._programs[key] = program
+        return program
 
     def _cache_specs(self, capacity: int) -> tuple[list, list]:
         k, v = self._cache_shapes(capacity)
@@ -206,47 +172,59 @@ class JaxEngine(Engine):
         return [spec(k, self.cache_dtype)] * n, [spec(v, self.cache_dtype)] * n
 
     def _compile(self, key: tuple):
-        cfg, s = self.cfg, self.num_slots
+        cfg = self.cfg
         i32, f32 = jnp.int32, jnp.float32
         spec = jax.ShapeDtypeStruct
         kind = key[0]
-        if kind == "prefill":  # ("prefill", padded length)
-            fn = jax.jit(partial(_prefill_fn, cfg))
-            return fn.lower(self.params, spec((key[1],), i32), spec((), i32)).compile()
+        if kind == "prefill":  # ("prefill", count, padded length)
+            fn = jax.jit(partial(prog.prefill_fn, cfg))
+            args = spec((key[1], key[2]), i32), spec((key[1],), i32)
+            return fn.lower(self.params, *args).compile()
         if kind == "sample":  # ("sample", rows, greedy only)
             rows = key[1]
-            fn = jax.jit(partial(_sample_fn, key[2]))
-            args = spec((rows, cfg.vocab_size), f32), spec((5, rows), i32), spec((2, rows), f32)
+            fn = jax.jit(partial(prog.sample_fn, key[2]))
+            args = (spec((rows, cfg.vocab_size), f32), spec((prog.INT_ROWS, rows), i32),
+                    spec((prog.FLOAT_ROWS, rows), f32))
             return fn.lower(*args).compile()
         if kind == "insert":  # ("insert", width, capacity), one layer
             part = spec((key[1], cfg.kv_heads, cfg.head_dim), self.cache_dtype)
             ck, cv = (x[0] for x in self._cache_specs(key[2]))
-            fn = jax.jit(_insert_fn, donate_argnums=(0, 1))
+            fn = jax.jit(prog.insert_fn, donate_argnums=(0, 1))
             return fn.lower(ck, cv, part, part, spec((), i32)).compile()
         if kind == "resize":  # ("resize", from capacity, to capacity), one layer
             ck, cv = (x[0] for x in self._cache_specs(key[1]))
-            return jax.jit(partial(_resize_fn, key[2])).lower(ck, cv).compile()
-        if kind == "decode":  # ("decode", capacity)
-            fn = jax.jit(partial(_decode_fn, cfg), donate_argnums=(1, 2))
-            return fn.lower(self.params, *self._cache_specs(key[1]), spec((5, s), i32)).compile()
+            return jax.jit(partial(prog.resize_fn, key[2])).lower(ck, cv).compile()
+        if kind == "move":  # ("move", capacity), every layer
+            fn = jax.jit(prog.move_fn, donate_argnums=(0, 1))
+            return fn.lower(*self._cache_specs(key[1]), spec((), i32), spec((), i32)).compile()
+        if kind == "decode":  # ("decode", batch, capacity, steps)
+            _, batch, capacity, steps = key
+            args = [self.decode_params, *self._cache_specs(capacity),
+                    spec((prog.INT_ROWS, batch), i32)]
+            if steps > 1:
+                args.append(spec((prog.FLOAT_ROWS, batch), f32))
+            return prog.jit_decode(cfg, steps, self.attention).lower(*args).compile()
         raise KeyError(key)
 
     def program_keys(self, prefill: bool = True, decode: bool = True) -> list[tuple]:
         """Every shape this engine runs (the prefill side, the decode side, or both)."""
         keys: list[tuple] = []
-        if prefill:  # prefill samples one row, greedy or not
-            keys += [("sample", 1, True), ("sample", 1, False)]
-            keys += [("prefill", p) for p in self.prefill_buckets]
-        if decode:  # decode samples every row when some slot is not greedy
-            keys.append(("sample", self.num_slots, False))
+        if prefill:  # prefill samples one row per prompt, greedy or not
+            keys += [("sample", c, g) for c in self.prefill_counts for g in (True, False)]
+            keys += [("prefill", c, t) for c, t in self.prefill_shapes]
+        if decode:  # decode samples every row of the batch when some row is not greedy
+            keys += [("sample", b, False) for b in self.batch_buckets]
             for i, c in enumerate(self.decode_buckets):
-                keys.append(("decode", c))
+                keys += [("decode", b, c, k) for b in self.batch_buckets
+                         for k in self.decode_steps]
                 widths = sorted({min(p, c) for p in self.prefill_buckets})
                 keys += [("insert", w, c) for w in widths]
+                if len(self.batch_buckets) > 1:
+                    keys.append(("move", c))
                 if i > 0:
                     prev = self.decode_buckets[i - 1]
                     keys += [("resize", prev, c), ("resize", c, prev)]
-        return keys
+        return list(dict.fromkeys(keys))
 
     def warmup(
         self, prefill: bool = True, decode: bool = True, threads: int | None = None,
@@ -275,38 +253,87 @@ class JaxEngine(Engine):
             for key, program in zip(todo, pool.map(compile_one, todo), strict=True):
                 self._programs[key] = program
 
-    # -- Engine interface --------------------------------------------------------------
+    # -- prefill -----------------------------------------------------------------------
 
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:
+        return self.prefill_batch([tokens], [sampling], [out_pos])[0]
+
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        samplings: Sequence[SamplingParams],
+        out_pos: Sequence[int] | None = None,
+    ) -> list[Prefix]:
+        """Several prompts, in as few compiled calls as the token budget allows (in order,
+        each call padded to a (count, length) bucket); the same prefixes as one at a time."""
+        if len(prompts) != len(samplings):
+            raise ValueError("one SamplingParams per prompt")
+        positions = list(out_pos) if out_pos is not None else [0] * len(prompts)
+        checked = [self._check_prompt(p) for p in prompts]
+        out: list[Prefix] = []
+        start = 0
+        while start < len(checked):
+            end = start + 1
+            while end < len(checked) and self._fits(checked[start:end + 1]):
+                end += 1
+            out += self._prefill_call(checked[start:end], samplings[start:end],
+                                      positions[start:end])  # fmt: skip
+            start = end
+        return out
+
+    def _check_prompt(self, tokens: Sequence[int]) -> np.ndarray:
         n = len(tokens)
         if not 1 <= n <= self.max_seq_len:
             raise ValueError(f"prompt of {n} tokens; this engine takes 1..{self.max_seq_len}")
         ids = np.asarray(tokens, np.int64)
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
-        ints, floats = self._sampling_rows(sampling, out_pos=out_pos)
-        bucket = _pick(self.prefill_buckets, n)
-        padded = np.zeros(bucket, np.int32)
-        padded[:n] = ids
-        logits, k, v = self._program(("prefill", bucket))(self.params, padded, np.int32(n))
-        greedy_only = sampling.temperature <= 0
-        tok, lp = self._program(("sample", 1, greedy_only))(logits, ints, floats)
-        k_np = np.asarray(k)  # [layers, bucket, kv_heads, head_dim]
-        v_np = np.asarray(v)
-        return Prefix(
-            kv=[
-                np.ascontiguousarray(k_np[:, :n], self.cache_dtype),
-                np.ascontiguousarray(v_np[:, :n], self.cache_dtype),
-            ],
-            length=n,
-            first_token=int(np.asarray(tok)[0]),
-            first_logprob=float(np.asarray(lp)[0]),
-            out_pos=out_pos,
-        )
+        return ids
+
+    def _prefill_shape(self, prompts: Sequence[np.ndarray]) -> tuple[int, int]:
+        length = pick(self.prefill_buckets, max(len(p) for p in prompts))
+        return pick(self.prefill_counts, len(prompts)), length
+
+    def _fits(self, prompts: Sequence[np.ndarray]) -> bool:
+        if len(prompts) > self.prefill_counts[-1]:
+            return False
+        return self._prefill_shape(prompts) in self.prefill_shapes
+
+    def _prefill_call(
+        self, prompts: Sequence[np.ndarray], samplings: Sequence[SamplingParams]
+    ) -> list[Prefix]:
+        count, length = self._prefill_shape(prompts)
+        tokens = np.zeros((count, length), np.int32)  # padding rows: one token of id 0
+        lengths = np.ones(count, np.int32)
+        ints = np.zeros((prog.INT_ROWS, count), np.int32)
+        floats = np.zeros((prog.FLOAT_ROWS, count), np.float32)
+        floats[prog.TOP_P] = 1.0
+        for i, (ids, sp) in enumerate(zip(prompts, samplings, strict=True)):
+            tokens[i, :len(ids)] = ids
+            lengths[i] = len(ids)
+            ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=0)
+        logits, k, v = self._program(("prefill", count, length))(self.params, tokens, lengths)
+        greedy_only = all(sp.temperature <= 0 for sp in samplings)
+        tok, lp = self._program(("sample", count, greedy_only))(logits, ints, floats)
+        tok, lp = np.asarray(tok), np.asarray(lp)
+        k_np, v_np = np.asarray(k), np.asarray(v)  # [count, layers, length, kv_heads, head_dim]
+        return [
+            Prefix(
+                kv=[
+                    np.ascontiguousarray(k_np[i, :, :n], self.cache_dtype),
+                    np.ascontiguousarray(v_np[i, :, :n], self.cache_dtype),
+                ],
+                length=int(n),
+                first_token=int(tok[i]),
+                first_logprob=float(lp[i]),
+            )
+            for i, n in enumerate(lengths[:len(prompts)])
+        ]
+
+    # -- decode ------------------------------------------------------------------------
 
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot {slot} outside 0..{self.num_slots - 1}")
+        self._check_slot(slot)
         n = prefix.length
         if not 1 <= n <= self.max_seq_len:
             raise ValueError(f"prefix of {n} tokens; this engine holds 1..{self.max_seq_len}")
@@ -317,63 +344,119 @@ class JaxEngine(Engine):
                 raise ValueError(f"prefix kv shape {arr.shape}, expected {want}")
         ints, floats = self._sampling_rows(sampling, out_pos=prefix.out_pos + 1)
         # Room for the prefix and the first decoded token's K/V.
-        need = _pick(self.decode_buckets, min(n + 1, self.max_seq_len))
+        need = pick(self.decode_buckets, min(n + 1, self.max_seq_len))
         self._fit_capacity(max(self._capacity, need))
-        width = min(_pick(self.prefill_buckets, n), self._capacity)
+        width = min(pick(self.prefill_buckets, n), self._capacity)
         padded = []
         for arr in prefix.kv:
             out = np.zeros((cfg.layers, width, cfg.kv_heads, cfg.head_dim), self.cache_dtype)
             out[:, :n] = arr  # copies (and converts) even a read-only frombuffer view
             padded.append(out)
+        row = self._rows.take(slot)
         program = self._program(("insert", width, self._capacity))
-        slot_arg = np.int32(slot)
+        row_arg = np.int32(row)
         for layer in range(cfg.layers):
             self._cache_k[layer], self._cache_v[layer] = program(
                 self._cache_k[layer], self._cache_v[layer], padded[0][layer], padded[1][layer],
-                slot_arg,
+                row_arg,
             )
-        self._ints[:, slot] = ints[:, 0]
-        self._ints[_TOKEN, slot] = prefix.first_token
-        self._ints[_POS, slot] = n
-        self._floats[:, slot] = floats[:, 0]
-        self._live[slot] = True
+        self._ints[:, row] = ints[:, 0]
+        self._ints[prog.TOKEN, row] = prefix.first_token
+        self._ints[prog.POS, row] = n
+        self._floats[:, row] = floats[:, 0]
+        self._live[row] = True
 
     def kv_layout(self, length: int) -> list[tuple[np.dtype, tuple[int, ...]]]:
         cfg = self.cfg  # k and v: [layers, length, kv_heads, head_dim] each
         return [(self.cache_dtype, (cfg.layers, length, cfg.kv_heads, cfg.head_dim))] * 2
 
     def generate(self) -> StepOutput:
+        out = self._run(1)
+        return StepOutput(tokens=out.tokens[0], logprobs=out.logprobs[0])
+
+    def generate_many(self, steps: int) -> StepOutput:
+        """`steps` decode steps in one dispatch (steps must be one of decode_steps): tokens and
+        logprobs [steps, slots]. A slot that finishes midway still advances to the end; the
+        caller drops its later tokens and frees it."""
+        if steps not in self.decode_steps:
+            raise ValueError(f"{steps} steps per call not compiled; have {self.decode_steps}")
+        return self._run(steps)
+
+    def _run(self, steps: int) -> StepOutput:
+        """Run `steps` steps over the live rows; tokens/logprobs [steps, slots] by slot."""
+        tokens = np.zeros((steps, self.num_slots), np.int32)
+        logprobs = np.zeros((steps, self.num_slots), np.float32)
         live = self._live
-        pos = self._ints[_POS]
+        n_live = int(live.sum())
+        if n_live == 0:
+            return StepOutput(tokens=tokens, logprobs=logprobs)
+        batch = pick(self.batch_buckets, n_live)
+        self._compact(batch)
+        pos = self._ints[prog.POS]
         # A slot at max_seq_len has no room left: callers stop it before; clamping keeps
         # its writes inside its own row if one does not.
         np.minimum(pos, self.max_seq_len - 1, out=pos)
-        if live.any():
-            self._follow_need(_pick(self.decode_buckets, int(pos[live].max()) + 1))
-        # Free slots write junk at position 0 of their own row, always inside capacity.
+        need = min(int(pos[live].max()) + steps, self.max_seq_len)
+        self._follow_need(pick(self.decode_buckets, need))
+        # Holes below `batch` write junk at position 0 of their own row, inside capacity.
         pos[~live] = 0
-        program = self._program(("decode", self._capacity))
-        self._cache_k, self._cache_v, tokens, logprobs, logits = program(
-            self.params, self._cache_k, self._cache_v, self._ints
-        )
-        if (self._floats[_TEMP][live] > 0).any():
-            program = self._program(("sample", self.num_slots, False))
-            tokens, logprobs = program(logits, self._ints, self._floats)
-        tokens = np.asarray(tokens)
-        logprobs = np.asarray(logprobs)
-        self._ints[_TOKEN, live] = tokens[live]
-        pos[live] += 1
-        self._ints[_OUT_POS, live] += 1
+        ints = np.ascontiguousarray(self._ints[:, :batch])
+        program = self._program(("decode", batch, self._capacity, steps))
+        if steps == 1:
+            self._cache_k, self._cache_v, tok, lp, logits = program(
+                self.decode_params, self._cache_k, self._cache_v, ints
+            )
+            if (self._floats[prog.TEMP, :batch][live[:batch]] > 0).any():
+                floats = np.ascontiguousarray(self._floats[:, :batch])
+                tok, lp = self._program(("sample", batch, False))(logits, ints, floats)
+            tok, lp = np.asarray(tok)[None], np.asarray(lp)[None]
+        else:
+            floats = np.ascontiguousarray(self._floats[:, :batch])
+            self._cache_k, self._cache_v, tok, lp = program(
+                self.decode_params, self._cache_k, self._cache_v, ints, floats
+            )
+            tok, lp = np.asarray(tok), np.asarray(lp)  # [steps, batch]
+        rows = np.flatnonzero(live[:batch])
+        slots = self._rows.slot_at[rows]
+        tokens[:, slots] = tok[:, rows]
+        logprobs[:, slots] = lp[:, rows]
+        self._ints[prog.TOKEN, rows] = tok[-1, rows]
+        self._ints[prog.POS, rows] = np.minimum(pos[rows] + steps, self.max_seq_len)
+        self._ints[prog.OUT_POS, rows] += steps
         return StepOutput(tokens=tokens, logprobs=logprobs)
 
     def free(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot {slot} outside 0..{self.num_slots - 1}")
-        self._live[slot] = False
-        self._ints[:, slot] = 0
-        self._floats[:, slot] = (0.0, 1.0)  # greedy, so it never forces the sampling variant
+        self._check_slot(slot)
+        row = self._rows.release(slot)
+        if row >= 0:
+            self._clear_row(row)
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} outside 0..{self.num_slots - 1}")
+
+    def _clear_row(self, row: int) -> None:
+        self._live[row] = False
+        self._ints[:, row] = 0
+        self._floats[:, row] = (0.0, 1.0)  # greedy, so it never forces the sampling variant
+
+    def _compact(self, batch: int) -> None:
+        """Move live rows at or beyond `batch` into the holes below it (cache and inputs)."""
+        moves = self._rows.plan_moves(batch)
+        if not moves:
+            return
+        program = self._program(("move", self._capacity))
+        for src, dst in moves:
+            self._cache_k, self._cache_v = program(
+                self._cache_k, self._cache_v, np.int32(src), np.int32(dst)
+            )
+            self._ints[:, dst] = self._ints[:, src]
+            self._floats[:, dst] = self._floats[:, src]
+            self._live[dst] = True
+            self._clear_row(src)
+        self.rows_moved += len(moves)
 
     def _follow_need(self, need: int) -> None:
         """Grow to `need` now; shrink to it only after it has held for shrink_after_steps."""
@@ -402,10 +485,10 @@ class JaxEngine(Engine):
         """One slot's packed sampling inputs: ints [5, 1], floats [2, 1]."""
         if sp.temperature < 0 or not 0.0 < sp.top_p <= 1.0 or sp.top_k < 0:
             raise ValueError(f"invalid sampling parameters {sp}")
-        ints = np.zeros((5, 1), np.int32)
-        ints[_OUT_POS] = out_pos
-        ints[_TOP_K] = sp.top_k
-        ints[_SEED] = np.uint32(sp.seed & 0xFFFFFFFF).view(np.int32)
+        ints = np.zeros((prog.INT_ROWS, 1), np.int32)
+        ints[prog.OUT_POS] = out_pos
+        ints[prog.TOP_K] = sp.top_k
+        ints[prog.SEED] = np.uint32(sp.seed & 0xFFFFFFFF).view(np.int32)
         floats = np.array([[sp.temperature], [sp.top_p]], np.float32)
         return ints, floats
 
@@ -431,7 +514,19 @@ def load_model(model: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
     raise FileNotFoundError(f"model {model!r}: not random:<preset>, a file, or a folder")
 
 
+def load_native(model: str, cfg: LlamaConfig) -> dict | None:
+    """A GGUF file's own quantized blocks (weights_gguf.load_gguf_native); None otherwise."""
+    if os.path.isfile(model) and not model.startswith("random:"):
+        from splitserve.engine.weights_gguf import load_gguf_native
+
+        return load_gguf_native(model, cfg)
+    return None
+
+
 def build_jax_engine(model: str, num_slots: int, max_seq_len: int, **options) -> JaxEngine:
-    """The factory worker processes call; `options` go to JaxEngine (buckets, dtypes)."""
+    """The factory worker processes call; `options` go to JaxEngine (buckets, formats)."""
     cfg, weights = load_model(model)
+    formats = {options.get("weight_format", "auto"), options.get("prefill_weight_format")}
+    if formats & {"gguf", "auto"} and "native" not in options:
+        options["native"] = load_native(model, cfg)
     return JaxEngine(cfg, weights, num_slots, max_seq_len, **options)

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from splitserve.engine import qkernel, quant
 from splitserve.engine.llama_config import LlamaConfig
 
 HEAD_BLOCK = 4096  # output-head columns per matmul for large vocabularies (see prepare_params)
@@ -59,39 +60,61 @@ def check_weights(cfg: LlamaConfig, w: dict[str, np.ndarray]) -> None:
             raise ValueError(f"weight {name!r} has shape {w[name].shape}, expected {shape}")
 
 
-def prepare_params(cfg: LlamaConfig, w: dict[str, np.ndarray], dtype=jnp.float32) -> dict:
+def prepare_params(
+    cfg: LlamaConfig,
+    w: dict[str, np.ndarray],
+    dtype=jnp.float32,
+    *,
+    weights: str = "float32",
+    native: dict | None = None,
+) -> dict:
     """Canonical numpy weights -> the device pytree the jitted functions take.
 
     Each layer's matrices are separate arrays, not slices of stacked ones: XLA on CPU
     copies a slice of a stacked weight before handing it to a matmul, every step.
+    weights: the matrices' form (quant.WEIGHT_FORMATS): float32 arrays in `dtype` for XLA, or
+    QMatrix for the native kernel; native: a GGUF file's own blocks (weights="gguf").
     """
     check_weights(cfg, w)
+    native = native or {}
     # Norm weights stay float32 whatever the matmul dtype: they are tiny and precision-bound.
     f32 = lambda a: jnp.asarray(a, jnp.float32)
-    mat = lambda a: jnp.asarray(a, dtype)
+
+    def mat(names: list[str], i: int | None = None):
+        parts = [w[n] if i is None else w[n][i] for n in names]
+        got = [native.get(n) for n in names]
+        own = None if any(g is None for g in got) else [g if i is None else g[i] for g in got]
+        return quant.device_matrix(weights, parts, own, dtype)
+
     layers = [
         {
             "attn_norm": f32(w["attn_norm"][i]),  # [hidden]
             # [hidden, (heads + 2 kv_heads) * head_dim]: one matmul instead of three
-            "wqkv": mat(np.concatenate([w["wq"][i], w["wk"][i], w["wv"][i]], axis=-1)),
-            "wo": mat(w["wo"][i]),  # [heads * head_dim, hidden]
+            "wqkv": mat(["wq", "wk", "wv"], i),
+            "wo": mat(["wo"], i),  # [heads * head_dim, hidden]
             "ffn_norm": f32(w["ffn_norm"][i]),  # [hidden]
-            "w_gate_up": mat(np.concatenate([w["w_gate"][i], w["w_up"][i]], axis=-1)),  # [H, 2I]
-            "w_down": mat(w["w_down"][i]),  # [intermediate, hidden]
+            "w_gate_up": mat(["w_gate", "w_up"], i),  # [H, 2I]
+            "w_down": mat(["w_down"], i),  # [intermediate, hidden]
         }
         for i in range(cfg.layers)
     ]
     head = w["embed"].T if cfg.tie_embeddings else w["head"]  # [hidden, vocab]
-    # A large vocabulary is split into column blocks: XLA's CPU matmul slows down several
-    # times over a very wide right-hand side (49152 columns: 33 ms vs 9 ms in blocks).
-    step = HEAD_BLOCK if cfg.vocab_size > 2 * HEAD_BLOCK else cfg.vocab_size
+    head_native = native.get("head")
+    head_q = quant.device_matrix(weights, [head], head_native and [head_native], dtype)
+    if isinstance(head_q, quant.QMatrix):
+        head_blocks = [head_q]  # the kernel takes a wide matrix in one call
+    else:
+        # A large vocabulary is split into column blocks: XLA's CPU matmul slows down several
+        # times over a very wide right-hand side (49152 columns: 33 ms vs 9 ms in blocks).
+        step = HEAD_BLOCK if cfg.vocab_size > 2 * HEAD_BLOCK else cfg.vocab_size
+        head_blocks = [jnp.asarray(np.ascontiguousarray(head[:, i:i + step]), dtype)
+                       for i in range(0, cfg.vocab_size, step)]
     return {
-        "embed": mat(w["embed"]),  # [vocab, hidden]
+        "embed": jnp.asarray(w["embed"], dtype),  # [vocab, hidden]: rows looked up, not multiplied
         "layers": layers,
         "final_norm": f32(w["final_norm"]),  # [hidden]
-        # [hidden, <= step] blocks, materialised (and contiguous) even when tied
-        "head": [mat(np.ascontiguousarray(head[:, i:i + step]))
-                 for i in range(0, cfg.vocab_size, step)],
+        # [hidden, <= step] blocks, materialised (and contiguous) even when tied, or one QMatrix
+        "head": head_blocks,
     }
 
 
@@ -136,8 +159,11 @@ def _mlp(cfg: LlamaConfig, lw: dict, x):
 
 
 def _matmul(x, w):
-    """x [..., in] float32 @ w [in, out] -> float32. Narrower weights (bfloat16) are widened
-    first: CPUs without bfloat16 arithmetic multiply float32 far faster."""
+    """x [..., in] float32 @ w [in, out] -> float32. A QMatrix runs in the native kernel
+    (quant.py); narrower XLA weights (bfloat16) are widened first: CPUs without bfloat16
+    arithmetic multiply float32 far faster."""
+    if isinstance(w, quant.QMatrix):
+        return quant.matmul(x, w)
     return jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
 
 
@@ -156,6 +182,19 @@ def _scores(qg, ck):
     return scores
 
 
+def _attend(qg, ck, cv, visible):
+    """XLA's decode attention: qg [n, KV, G, D] (scaled), ck [n, KV, D, C], cv [n, KV, C, D],
+    visible [n, 1, 1, C] -> [n, KV, G, D]."""
+    scores = _scores(qg, ck)  # [n, KV, G, C]
+    scores = jnp.where(visible, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    # p.V as multiply-and-reduce over C, one pass over the cache (a batched matmul of this shape
+    # is up to 30% slower on CPU). The barrier keeps XLA from fusing it into the wo matmul, which
+    # turns both into one reduction far slower than the matmul.
+    probs = jax.lax.optimization_barrier(probs)
+    return jnp.sum(probs[..., None] * cv[:, :, None].astype(jnp.float32), axis=3)
+
+
 def _logits(cfg: LlamaConfig, params: dict, x):
     """x: [..., hidden] residual stream -> [..., vocab] float32 logits."""
     h = rms_norm(x, params["final_norm"], cfg.rms_eps)
@@ -164,38 +203,44 @@ def _logits(cfg: LlamaConfig, params: dict, x):
 
 
 def prefill_hidden(cfg: LlamaConfig, params: dict, tokens):
-    """The prompt pass over one sequence.
+    """The prompt pass over one sequence or a batch of them.
 
-    tokens: [T] int32 (a padded bucket; padding sits after the real tokens, and the causal
-    mask keeps it from influencing them). Returns the residual stream x [T, hidden] and
-    the KV cache k, v each [layers, T, kv_heads, head_dim] float32.
+    tokens: [T] or [N, T] int32 (padded buckets; padding sits after the real tokens, and the
+    causal mask keeps it from influencing them). Returns the residual stream x [(N,) T, hidden]
+    and the KV cache k, v each [(N,) layers, T, kv_heads, head_dim] float32. The sequences of a
+    batch never see each other: every product but the matmuls with weights is per sequence.
     """
-    t = tokens.shape[0]
-    x = params["embed"][tokens].astype(jnp.float32)  # [T, hidden]
+    single = tokens.ndim == 1
+    tokens = tokens[None] if single else tokens
+    n, t = tokens.shape
+    kv, g, d = cfg.kv_heads, cfg.group, cfg.head_dim
+    x = params["embed"][tokens].astype(jnp.float32)  # [N, T, hidden]
     cos, sin = rope_angles(cfg, jnp.arange(t))  # [T, D/2]
     # [G * T(query), T(key)]: the rows of a KV head's group of query heads, one after another
-    causal = jnp.tile(jnp.tril(jnp.ones((t, t), bool)), (cfg.group, 1))
-    scale = 1.0 / np.sqrt(cfg.head_dim)
+    causal = jnp.tile(jnp.tril(jnp.ones((t, t), bool)), (g, 1))
+    scale = 1.0 / np.sqrt(d)
     ks, vs = [], []
     for lw in params["layers"]:
         h = rms_norm(x, lw["attn_norm"], cfg.rms_eps)
-        q, k, v = _split_qkv(cfg, _matmul(h, lw["wqkv"]))  # q [T, H, D], k, v [T, KV, D]
+        q, k, v = _split_qkv(cfg, _matmul(h, lw["wqkv"]))  # q [N, T, H, D], k, v [N, T, KV, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ks.append(k)
         vs.append(v)
         # Heads first, so that both products are plain batched matmuls over the KV heads:
         # the prefill is 7% faster on CPU at 64 and 128 tokens, 15% at 256, than with einsums
         # over [T, KV, G, D].
-        qh = q.reshape(t, cfg.kv_heads, cfg.group, cfg.head_dim).transpose(1, 2, 0, 3)
-        qh = qh.reshape(cfg.kv_heads, cfg.group * t, cfg.head_dim)  # [KV, G*T, D]
-        scores = jnp.matmul(qh, k.transpose(1, 2, 0)) * scale  # [KV, G*T, T]
+        qh = q.reshape(n, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(n, kv, g * t, d)
+        scores = jnp.matmul(qh, k.transpose(0, 2, 3, 1)) * scale  # [N, KV, G*T, T]
         scores = jnp.where(causal, scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1)
-        o = jnp.matmul(probs, v.transpose(1, 0, 2))  # [KV, G*T, D]
-        o = o.reshape(cfg.kv_heads, cfg.group, t, cfg.head_dim).transpose(2, 0, 1, 3)
-        x = x + _matmul(o.reshape(t, cfg.heads * cfg.head_dim), lw["wo"])
+        o = jnp.matmul(probs, v.transpose(0, 2, 1, 3))  # [N, KV, G*T, D]
+        o = o.reshape(n, kv, g, t, d).transpose(0, 3, 1, 2, 4)  # [N, T, KV, G, D]
+        x = x + _matmul(o.reshape(n, t, cfg.heads * d), lw["wo"])
         x = x + _mlp(cfg, lw, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))
-    return x, jnp.stack(ks), jnp.stack(vs)
+    k_all, v_all = jnp.stack(ks, axis=1), jnp.stack(vs, axis=1)  # [N, layers, T, KV, D]
+    if single:
+        return x[0], k_all[0], v_all[0]
+    return x, k_all, v_all
 
 
 def forward(cfg: LlamaConfig, params: dict, tokens):
@@ -204,51 +249,70 @@ def forward(cfg: LlamaConfig, params: dict, tokens):
     return _logits(cfg, params, x)
 
 
-def prefill(cfg: LlamaConfig, params: dict, tokens, length):
-    """tokens [T] (padded), length: real tokens -> (logits [vocab] at length-1, k, v)."""
-    x, k, v = prefill_hidden(cfg, params, tokens)
-    last = jax.lax.dynamic_index_in_dim(x, length - 1, axis=0, keepdims=False)
+def prefill(cfg: LlamaConfig, params: dict, tokens, lengths):
+    """tokens [N, T] (padded), lengths [N] real tokens -> (logits [N, vocab] at each
+    sequence's last real token, k, v [N, layers, T, kv_heads, head_dim])."""
+    x, k, v = prefill_hidden(cfg, params, tokens)  # x [N, T, hidden]
+    last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [N, hidden]
     return _logits(cfg, params, last), k, v
 
 
-def decode(cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens, positions):
-    """One token for every slot.
+def _write_rows(cache, new, positions, axis: int):
+    """cache[r, :, ..., positions[r], ...] = new[r] for rows r < n, in place (axis: where the
+    positions run). A scatter, never a dynamic-update-slice: XLA turns a one-row scatter into
+    one and fuses it into the loop that then reads the live rows, which recomputes the write
+    from the old buffer; that buffer must then outlive the in-place write, so XLA copied the
+    whole cache twice per layer and step (a 16-row cache cost 2.5x a 1-row one with one row
+    live). One row is therefore written twice (the same value: the result is the same), which
+    keeps it a scatter."""
+    n = new.shape[0]
+    rows = jnp.arange(n)
+    if n == 1:
+        rows, positions, new = (jnp.concatenate([a, a]) for a in (rows, positions, new))
+    index = [rows] + [slice(None)] * (axis - 1) + [positions]
+    return cache.at[tuple(index)].set(new.astype(cache.dtype), mode="promise_in_bounds")
 
-    cache_k: per layer [slots, kv_heads, head_dim, capacity] (keys stored transposed, so
+
+def decode(
+    cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens, positions,
+    attention: str = "xla",
+):
+    """One token for each of the first n rows of the cache (n = len(tokens)).
+
+    cache_k: per layer [rows, kv_heads, head_dim, capacity] (keys stored transposed, so
              q.K reads each key row along the capacity: see _scores);
-    cache_v: per layer [slots, kv_heads, capacity, head_dim].
-    Attention covers the whole capacity, which the engine keeps at the smallest bucket
-    that holds the longest live sequence: a step costs what the sequences need, and XLA
-    reads whole buffers (on CPU it copies a slice before a matmul).
-    tokens: [slots] int32 input token; positions: [slots] int32 where it goes (< capacity).
-    Returns (logits [slots, vocab] float32, cache_k, cache_v) with the new K/V written.
+    cache_v: per layer [rows, kv_heads, capacity, head_dim]; rows >= n.
+    The engine keeps the live slots packed in rows [0, n) with n the smallest batch bucket
+    that holds them, so a step costs what is live: the rows beyond n are neither read nor
+    written. Attention covers the whole capacity, which the engine keeps at the smallest
+    bucket that holds the longest live sequence, so a step costs what the sequences need.
+    tokens: [n] int32 input token; positions: [n] int32 where it goes (< capacity).
+    attention: "xla" (the loops below) or "native" (native/attention.c: reads each row's
+    positions up to its own, not the whole capacity).
+    Returns (logits [n, vocab] float32, cache_k, cache_v) with the new K/V written.
     """
     n = tokens.shape[0]
     capacity = cache_v[0].shape[2]
-    slots = jnp.arange(n)
-    x = params["embed"][tokens].astype(jnp.float32)  # [S, hidden]
-    cos, sin = rope_angles(cfg, positions)  # [S, D/2]
-    visible = jnp.arange(capacity)[None, :] <= positions[:, None]  # [S, C]
-    visible = visible[:, None, None, :]  # [S, 1, 1, C]
-    scale = 1.0 / np.sqrt(cfg.head_dim)
+    kv, g, d = cfg.kv_heads, cfg.group, cfg.head_dim
+    x = params["embed"][tokens].astype(jnp.float32)  # [n, hidden]
+    cos, sin = rope_angles(cfg, positions)  # [n, D/2]
+    visible = jnp.arange(capacity)[None, :] <= positions[:, None]  # [n, C]
+    visible = visible[:, None, None, :]  # [n, 1, 1, C]
+    scale = 1.0 / np.sqrt(d)
     new_k, new_v = [], []
     for lw, ck, cv in zip(params["layers"], cache_k, cache_v, strict=True):
         h = rms_norm(x, lw["attn_norm"], cfg.rms_eps)
-        q, k, v = _split_qkv(cfg, _matmul(h, lw["wqkv"]))  # q [S, H, D], k, v [S, KV, D]
+        q, k, v = _split_qkv(cfg, _matmul(h, lw["wqkv"]))  # q [n, H, D], k, v [n, KV, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        ck = ck.at[slots, :, :, positions].set(k.astype(ck.dtype))  # [S, KV, D, C]
-        cv = cv.at[slots, :, positions].set(v.astype(cv.dtype))  # [S, KV, C, D]
+        ck = _write_rows(ck, k, positions, axis=3)  # [rows, KV, D, C]
+        cv = _write_rows(cv, v, positions, axis=2)  # [rows, KV, C, D]
         new_k.append(ck)
         new_v.append(cv)
-        qg = (q * scale).reshape(n, cfg.kv_heads, cfg.group, cfg.head_dim)  # [S, KV, G, D]
-        scores = _scores(qg, ck)  # [S, KV, G, C]
-        scores = jnp.where(visible, scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1)
-        # p.V as multiply-and-reduce over C, one pass over the cache (a batched matmul of
-        # this shape is up to 30% slower on CPU). The barrier keeps XLA from fusing it into the
-        # wo matmul, which turns both into one reduction far slower than the matmul.
-        probs = jax.lax.optimization_barrier(probs)
-        o = jnp.sum(probs[..., None] * cv[:, :, None].astype(jnp.float32), axis=3)  # [S,KV,G,D]
-        x = x + _matmul(o.reshape(n, cfg.heads * cfg.head_dim), lw["wo"])
+        qg = (q * scale).reshape(n, kv, g, d)  # [n, KV, G, D]
+        if attention == "native":
+            o = qkernel.attention(qg, ck, cv, positions + 1)  # [n, KV, G, D]
+        else:
+            o = _attend(qg, ck[:n], cv[:n], visible)  # the live rows only
+        x = x + _matmul(o.reshape(n, cfg.heads * d), lw["wo"])
         x = x + _mlp(cfg, lw, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))
     return _logits(cfg, params, x), new_k, new_v

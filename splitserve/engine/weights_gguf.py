@@ -1,10 +1,12 @@
 """Load a llama-architecture GGUF file into canonical weights (see llama_model).
 
 The header is read by splitserve.gguf_header (metadata scalars and the tensor table; the
-tokenizer's arrays are skipped); tensor data is memory-mapped. Quantized
-tensors (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) are dequantized to float32 once at
-load time by `gguf.quants.dequantize`: the engine computes in float32 on CPU, where a
-fused dequantize-matmul would not pay for itself at these model sizes.
+tokenizer's arrays are skipped); tensor data is memory-mapped. `load_gguf` dequantizes
+every tensor (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) to float32 once at load time with
+`gguf.quants.dequantize`: the canonical weights every engine path starts from.
+`load_gguf_native` also hands over the file's Q8_0, Q4_0 and Q4_1 matrices as they are, for
+the native kernel (quant.py), which computes with exactly those values at a quarter to a
+sixth of float32's memory traffic.
 
 Rotary layout: llama.cpp's converter permutes the rows of Q and K (per head, from the
 Hugging Face "two halves" layout to interleaved pairs, the layout its rope kernel uses).
@@ -97,3 +99,40 @@ def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
     if not cfg.tie_embeddings:
         w["head"] = np.ascontiguousarray(tensors["output.weight"].T)
     return cfg, w
+
+
+# Canonical matrix name -> (GGUF tensor name in a block, heads whose rotary rows to un-permute)
+_LINEAR = {
+    "wq": ("attn_q", "heads"), "wk": ("attn_k", "kv_heads"), "wv": ("attn_v", None),
+    "wo": ("attn_output", None), "w_gate": ("ffn_gate", None), "w_up": ("ffn_up", None),
+    "w_down": ("ffn_down", None),
+}
+
+
+def load_gguf_native(path: str, cfg: LlamaConfig) -> dict:
+    """The file's matrices in the forms the native kernel computes with as they are (Q8_0,
+    Q4_0, Q4_1; see quant.py), bit for bit, as output rows [out, in] (GGUF's orientation):
+    {"wq": [QuantRows or None per layer], ..., "embed": QuantRows or None, "head": ...}.
+    Other tensor types are None (the engine keeps those matrices in float32). Q and K rows are
+    un-permuted as in load_gguf, so the two loaders agree row for row.
+    """
+    from splitserve.engine import quant
+
+    _, raw = read_gguf(path)
+
+    def rows(name: str, heads: int | None = None):
+        qtype, shape, data = raw[name]
+        if not quant.gguf_native(qtype.name) or shape[-1] % quant.BLOCK:
+            return None
+        q = quant.from_gguf_blocks(qtype.name, data, shape)
+        if heads:
+            q = q.take_rows(unpermute_rotary(np.arange(shape[0]), heads))
+        return q
+
+    out: dict = {}
+    for canon, (gguf_name, heads_attr) in _LINEAR.items():
+        heads = getattr(cfg, heads_attr) if heads_attr else None
+        out[canon] = [rows(f"blk.{i}.{gguf_name}.weight", heads) for i in range(cfg.layers)]
+    out["embed"] = rows("token_embd.weight")
+    out["head"] = out["embed"] if cfg.tie_embeddings else rows("output.weight")
+    return out

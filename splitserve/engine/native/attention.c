@@ -1,0 +1,209 @@
+/* Decode attention for the JAX engine, called through XLA's FFI.
+
+   For each live row r < n and KV head h, the G query heads that share h attend to the first
+   lengths[r] positions of that row's cache:
+
+     q        float32 [n, KV, G, D]   (already scaled by 1/sqrt(D))
+     cache_k  float32 [R, KV, D, C]   keys transposed: each of the D rows runs along positions
+     cache_v  float32 [R, KV, C, D]
+     lengths  int32 [n]               1 <= lengths[r] <= C
+     out      float32 [n, KV, G, D]   softmax(q . K) . V
+
+   Why a kernel of our own: XLA reads the whole capacity C of every row (a step's program is
+   compiled per capacity bucket, so the positions past a sequence's end are read and masked),
+   and lowers the step's attention to a dozen loops per layer; here each row reads only the
+   positions it has, in one pass per operand, and the G query heads share every load.
+
+   Scores: 16 positions at a time, a key row of the transposed cache at a time (no horizontal
+   sums). Softmax in float32 with the row maximum subtracted, as XLA's; exp is a polynomial
+   (Cephes' expf, within 2 ulp). Each row's result depends only on that row: the same whatever
+   else is in the batch or how the work is split. AVX-512 when the CPU has it and D is a
+   multiple of 16, else portable C. Measured on the default model (decode step, one thread,
+   alternating with XLA's attention in one process): 16% faster at 1 live row, 25% at 4, 22% at
+   16; a decode program compiles 3x faster (3.3 vs 9.7 s, one thread). */
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ffi_common.h"
+
+#define MAX_G 16
+
+typedef struct {
+  int64_t n, KV, G, D, C;
+  const float* q;
+  const float* ck;
+  const float* cv;
+  const int32_t* lengths;
+  float* out;
+} Job;
+
+/* ---- one (row, KV head) item, portable ----------------------------------------------------- */
+
+static void item_scalar(const Job* j, int64_t r, int64_t h, float* s /* [G, C] */) {
+  const int64_t G = j->G, D = j->D, C = j->C, L = j->lengths[r];
+  const float* q = j->q + (r * j->KV + h) * G * D;
+  const float* kt = j->ck + (r * j->KV + h) * D * C;
+  const float* v = j->cv + (r * j->KV + h) * C * D;
+  float* o = j->out + (r * j->KV + h) * G * D;
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = s + g * C;
+    for (int64_t c = 0; c < L; ++c) sg[c] = 0.0f;
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t c = 0; c < L; ++c) sg[c] += q[g * D + d] * kt[d * C + c];
+    float top = sg[0], total = 0.0f;
+    for (int64_t c = 1; c < L; ++c) top = sg[c] > top ? sg[c] : top;
+    for (int64_t c = 0; c < L; ++c) {
+      sg[c] = expf(sg[c] - top);
+      total += sg[c];
+    }
+    for (int64_t d = 0; d < D; ++d) o[g * D + d] = 0.0f;
+    for (int64_t c = 0; c < L; ++c)
+      for (int64_t d = 0; d < D; ++d) o[g * D + d] += sg[c] * v[c * D + d];
+    for (int64_t d = 0; d < D; ++d) o[g * D + d] /= total;
+  }
+}
+
+#ifdef SPLITSERVE_X86
+
+/* ---- AVX-512 ------------------------------------------------------------------------------- */
+
+/* e^x for x <= 0 (Cephes expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n). */
+TARGET_AVX512 static inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+TARGET_AVX512 static void item_avx512(const Job* j, int64_t r, int64_t h, float* s) {
+  const int64_t G = j->G, D = j->D, C = j->C, L = j->lengths[r];
+  const float* q = j->q + (r * j->KV + h) * G * D;
+  const float* kt = j->ck + (r * j->KV + h) * D * C;
+  const float* v = j->cv + (r * j->KV + h) * C * D;
+  float* o = j->out + (r * j->KV + h) * G * D;
+  /* scores s[g, c], 16 positions at a time; the tail chunk is masked */
+  for (int64_t c0 = 0; c0 < L; c0 += 16) {
+    const __mmask16 m = L - c0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (L - c0)) - 1);
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+      const int64_t gn = G - g0 < 4 ? G - g0 : 4;
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps()};
+      for (int64_t d = 0; d < D; ++d) {
+        const __m512 k = _mm512_maskz_loadu_ps(m, kt + d * C + c0);
+        for (int64_t g = 0; g < gn; ++g)
+          acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[(g0 + g) * D + d]), k, acc[g]);
+      }
+      for (int64_t g = 0; g < gn; ++g) _mm512_mask_storeu_ps(s + (g0 + g) * C + c0, m, acc[g]);
+    }
+  }
+  /* softmax per query head */
+  float total[MAX_G];
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = s + g * C;
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    int64_t c = 0;
+    for (; c + 16 <= L; c += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sg + c));
+    float t = _mm512_reduce_max_ps(top);
+    for (; c < L; ++c) t = sg[c] > t ? sg[c] : t;
+    const __m512 tv = _mm512_set1_ps(t);
+    __m512 sum = _mm512_setzero_ps();
+    for (c = 0; c < L; c += 16) {
+      const __mmask16 m = L - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (L - c)) - 1);
+      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + c), tv));
+      _mm512_mask_storeu_ps(sg + c, m, e);
+      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+    }
+    total[g] = _mm512_reduce_add_ps(sum);
+  }
+  /* out[g] = sum_c p[g, c] v[c] / total[g], 64 dims and up to 4 heads at a time */
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    const int64_t dn = D - d0 < 64 ? (D - d0 + 15) / 16 : 4;
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+      const int64_t gn = G - g0 < 4 ? G - g0 : 4;
+      __m512 acc[4][4];
+      for (int64_t g = 0; g < 4; ++g)
+        for (int64_t i = 0; i < 4; ++i) acc[g][i] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < L; ++c) {
+        const float* vc = v + c * D + d0;
+        __m512 vv[4];
+        for (int64_t i = 0; i < dn; ++i) vv[i] = _mm512_loadu_ps(vc + 16 * i);
+        for (int64_t g = 0; g < gn; ++g) {
+          const __m512 p = _mm512_set1_ps(s[(g0 + g) * C + c]);
+          for (int64_t i = 0; i < dn; ++i) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]);
+        }
+      }
+      for (int64_t g = 0; g < gn; ++g) {
+        const __m512 inv = _mm512_set1_ps(1.0f / total[g0 + g]);
+        for (int64_t i = 0; i < dn; ++i)
+          _mm512_storeu_ps(o + (g0 + g) * D + d0 + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+      }
+    }
+  }
+}
+
+#endif /* SPLITSERVE_X86 */
+
+/* ---- the handler ------------------------------------------------------------------------------ */
+
+typedef void ItemFn(const Job* j, int64_t r, int64_t h, float* s);
+
+static void items(const void* job, int64_t i0, int64_t i1) {
+  const Job* j = (const Job*)job;
+  ItemFn* fn = item_scalar;
+#ifdef SPLITSERVE_X86
+  /* the AVX-512 path takes D in whole vectors */
+  if (current_isa() == ISA_AVX512 && j->D % 16 == 0) fn = item_avx512;
+#endif
+  float* s = (float*)malloc(sizeof(float) * (size_t)(j->G * j->C));
+  if (!s) return; /* checked by the caller's size limits; nothing sensible to do here */
+  for (int64_t i = i0; i < i1; ++i) fn(j, i / j->KV, i % j->KV, s);
+  free(s);
+}
+
+EXPORT XLA_FFI_Error* splitserve_attention(XLA_FFI_CallFrame* cf) {
+  XLA_FFI_Error* early;
+  if (ffi_preamble(cf, &early)) return early;
+  const XLA_FFI_Api* api = cf->api;
+  XLA_FFI_Buffer *q = ffi_arg(cf, 0), *ck = ffi_arg(cf, 1), *cv = ffi_arg(cf, 2);
+  XLA_FFI_Buffer *len = ffi_arg(cf, 3), *out = ffi_ret(cf);
+  if (cf->args.size != 4 || !q || !ck || !cv || !len || !out || q->rank != 4 || ck->rank != 4 ||
+      cv->rank != 4 || len->rank != 1 || q->dtype != XLA_FFI_DataType_F32 ||
+      ck->dtype != XLA_FFI_DataType_F32 || cv->dtype != XLA_FFI_DataType_F32 ||
+      out->dtype != XLA_FFI_DataType_F32 || len->dtype != XLA_FFI_DataType_S32)
+    return ffi_error(api, "attention: q, caches, out float32 rank 4; lengths int32 [n]");
+  Job j;
+  j.n = q->dims[0];
+  j.KV = q->dims[1];
+  j.G = q->dims[2];
+  j.D = q->dims[3];
+  j.C = ck->dims[3];
+  if (ck->dims[0] < j.n || ck->dims[1] != j.KV || ck->dims[2] != j.D || cv->dims[0] != ck->dims[0]
+      || cv->dims[1] != j.KV || cv->dims[2] != j.C || cv->dims[3] != j.D || len->dims[0] != j.n ||
+      j.G > MAX_G)
+    return ffi_error(api, "attention: shapes do not agree (or more than 16 query heads per KV)");
+  j.q = (const float*)q->data;
+  j.ck = (const float*)ck->data;
+  j.cv = (const float*)cv->data;
+  j.lengths = (const int32_t*)len->data;
+  j.out = (float*)out->data;
+  int64_t work = 0;
+  for (int64_t r = 0; r < j.n; ++r) {
+    int32_t L = j.lengths[r];
+    if (L < 1 || L > j.C) return ffi_error(api, "attention: lengths must be in 1..C");
+    work += L;
+  }
+  work *= 2 * j.KV * j.G * j.D;
+  parallel_for(api, cf->ctx, j.n * j.KV, work, items, &j, sizeof j);
+  return NULL;
+}

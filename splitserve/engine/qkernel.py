@@ -1,0 +1,111 @@
+"""The native weight-only quantized matmul (native/qmatmul.c) behind jax.ffi.
+
+The package's build compiles it into `splitserve/engine/_qmatmul*.so` (setup.py; a plain C
+shared library, loaded with ctypes, not a Python module). When the build could not compile it,
+`available()` is False and the engine runs float32 weights through XLA instead.
+
+FFI targets: one matmul per storage format (see quant.py for the layouts), and decode
+attention (native/attention.c):
+    splitserve_q8_0(x, qs, d) -> y        splitserve_q4_1(x, qs, d, m) -> y
+    splitserve_bf16(x, w) -> y            x: [..., K] float32; y: [..., N] float32
+    splitserve_attention(q, cache_k, cache_v, lengths) -> out
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+
+FORMATS = ("q8_0", "q4_1", "bf16")
+TARGETS = (*FORMATS, "attention")
+ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+
+
+def library_path() -> str | None:
+    """The built library next to this module, or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_qmatmul*.so")))
+    return found[0] if found else None
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _error
+    with _lock:
+        if _lib is not None or _error is not None:
+            return _lib
+        path = os.environ.get("SPLITSERVE_QKERNEL") or library_path()
+        if path is None:
+            _error = "native kernel not built (pip install -e . compiles it)"
+            return None
+        try:
+            lib = ctypes.CDLL(path)
+            for name in TARGETS:
+                capsule = jax.ffi.pycapsule(getattr(lib, f"splitserve_{name}"))
+                jax.ffi.register_ffi_target(f"splitserve_{name}", capsule, platform="cpu")
+        except (OSError, AttributeError) as exc:
+            _error = f"native kernel at {path} unusable: {exc}"
+            return None
+        lib.splitserve_qkernel_set_isa.restype = ctypes.c_int
+        lib.splitserve_qkernel_isa.restype = ctypes.c_int
+        _lib = lib
+        return lib
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def unavailable_reason() -> str | None:
+    _load()
+    return _error
+
+
+def isa() -> str:
+    """The instruction set the kernel uses on this CPU."""
+    lib = _load()
+    return "none" if lib is None else ISA_NAMES[lib.splitserve_qkernel_isa()]
+
+
+def set_isa(name: str) -> str:
+    """Use a lesser instruction set (tests run every path the CPU has); returns the one in use."""
+    lib = _require()
+    want = {v: k for k, v in ISA_NAMES.items()}[name]
+    return ISA_NAMES[lib.splitserve_qkernel_set_isa(want)]
+
+
+def set_threads(n: int) -> None:
+    """At most n threads per product (0: all of XLA's intra-op pool; 1: the caller alone)."""
+    _require().splitserve_qkernel_set_threads(n)
+
+
+def _require() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(_error)
+    return lib
+
+
+def qmatmul(fmt: str, x, arrays, out_dim: int):
+    """x [..., K] float32 @ the quantized matrix held in `arrays` -> [..., out_dim] float32.
+    Traced inside jit: one custom call."""
+    _require()
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], out_dim), jnp.float32)
+    return jax.ffi.ffi_call(f"splitserve_{fmt}", out)(x.astype(jnp.float32), *arrays)
+
+
+def attention(q, cache_k, cache_v, lengths):
+    """Decode attention of rows [0, n): q [n, KV, G, D] float32 (scaled), cache_k
+    [rows, KV, D, C], cache_v [rows, KV, C, D], lengths [n] int32 (positions attended, from 0)
+    -> [n, KV, G, D] float32. Traced inside jit: one custom call."""
+    _require()
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call("splitserve_attention", out)(q, cache_k, cache_v, lengths)
