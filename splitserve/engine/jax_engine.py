@@ -300,7 +300,10 @@ class JaxEngine(Engine):
         return self._prefill_shape(prompts) in self.prefill_shapes
 
     def _prefill_call(
-        self, prompts: Sequence[np.ndarray], samplings: Sequence[SamplingParams]
+        self,
+        prompts: Sequence[np.ndarray],
+        samplings: Sequence[SamplingParams],
+        out_pos: Sequence[int],
     ) -> list[Prefix]:
         count, length = self._prefill_shape(prompts)
         tokens = np.zeros((count, length), np.int32)  # padding rows: one token of id 0
@@ -308,10 +311,10 @@ class JaxEngine(Engine):
         ints = np.zeros((prog.INT_ROWS, count), np.int32)
         floats = np.zeros((prog.FLOAT_ROWS, count), np.float32)
         floats[prog.TOP_P] = 1.0
-        for i, (ids, sp) in enumerate(zip(prompts, samplings, strict=True)):
+        for i, (ids, sp, pos) in enumerate(zip(prompts, samplings, out_pos, strict=True)):
             tokens[i, :len(ids)] = ids
             lengths[i] = len(ids)
-            ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=0)
+            ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=pos)
         logits, k, v = self._program(("prefill", count, length))(self.params, tokens, lengths)
         greedy_only = all(sp.temperature <= 0 for sp in samplings)
         tok, lp = self._program(("sample", count, greedy_only))(logits, ints, floats)
@@ -326,6 +329,7 @@ class JaxEngine(Engine):
                 length=int(n),
                 first_token=int(tok[i]),
                 first_logprob=float(lp[i]),
+                out_pos=out_pos[i],
             )
             for i, n in enumerate(lengths[:len(prompts)])
         ]
