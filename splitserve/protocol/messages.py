@@ -1,0 +1,404 @@
+"""The messages: every dataclass that crosses a process boundary, the enums inside them (finish
+reasons, token sources), the load reports nested in heartbeats, and the type codes of frame 0.
+What each field may hold is field_specs.py's; how they become frames is codec.py's."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitserve.engine.interface import (
+    LogitsControls,
+    SamplingParams,
+)
+
+PROTOCOL_VERSION = 5  # 5: logits controls, grammars, top and prompt logprobs; 4: incarnations
+
+
+class TokenFinish(enum.IntEnum):
+    """Why a token ended its request, decided by prefill or decode (TokenBatch.finishes)."""
+
+    NONE = 0
+    STOP_TOKEN = 1  # eos or a stop token id: its text is not part of the output
+    LENGTH = 2  # max_tokens or the context limit: the token's text is part of the output
+
+
+class FinishReason(enum.IntEnum):
+    """How a request ended. The API string is the member's name in lower case."""
+
+    NONE = 0  # still running
+    STOP = 1  # eos, a stop token id or a stop string
+    LENGTH = 2  # max_tokens or the context limit
+    ABORT = 3  # the client went away or cancelled
+    ERROR = 4  # a worker could not complete it
+
+    @property
+    def api(self) -> str:
+        return self.name.lower()
+
+
+class Source(enum.IntEnum):
+    """Which worker sent a TokenBatch."""
+
+    PREFILL = 0
+    DECODE = 1
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a well-formed message of this protocol version: not a known type, not
+    MessagePack, or a field of the wrong type or out of its range (FIELD_SPECS)."""
+
+
+# ---- parameters carried inside messages -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """Token-level finish rules, applied by the prefill worker (token 0) and the decode worker."""
+
+    max_tokens: int
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    eos_ids: list[int] = field(default_factory=list)  # the tokenizer's eos ids
+    stop_token_ids: list[int] = field(default_factory=list)  # the client's extra stop ids
+
+
+@dataclass(frozen=True)
+class DetokParams:
+    """How the pinned detok worker turns a request's tokens into text."""
+
+    skip_special_tokens: bool = True
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # stop strings are looked for only from this many output tokens on
+
+
+@dataclass
+class PromptScores:
+    """A prompt's logprobs, from the prefill worker to the router (echo, prompt_logprobs):
+    logprobs[i] and ranks[i] are those of prompt token i + 1; top_ids / top_logprobs are empty,
+    or one list of alternatives (best first) per scored token."""
+
+    logprobs: list[float]
+    ranks: list[int]
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+
+# ---- messages -----------------------------------------------------------------------------------
+
+
+# Every message about a request names its id and its placement epoch: the router bumps the epoch
+# whenever it moves the request (a worker died), and a worker or the router drops a message whose
+# epoch is older than the one it holds, so a frozen worker that wakes up cannot deliver duplicates.
+
+
+@dataclass
+class GenerateRequest:
+    """router -> prefill_worker: a tokenized request, stamped with its decode and detok workers.
+
+    start_seq is the output position of the token this prefill samples: 0 for a new request; n
+    for one resumed after its decode worker died, whose prompt then ends with its n tokens so far
+    (its stream is already open at the detok worker: the router sent ResumeStream)."""
+
+    request_id: str
+    epoch: int
+    decode_index: int
+    detok_index: int
+    prompt: list[int]
+    start_seq: int
+    sampling: SamplingParams
+    stop: StopCriteria
+    detok: DetokParams
+    logprobs: bool = False
+    controls: LogitsControls | None = None  # None: no logits processing beyond sampling
+    # the output's grammar, compiled by the router into llguidance's serialized form ("": none);
+    # the prefill and decode workers each build its matcher from it (splitserve/grammar/)
+    grammar: str = ""
+
+
+@dataclass
+class PrefixHeader:
+    """prefill_worker -> decode_worker: a prompt's KV cache (extra frames) and its first token,
+    sampled at output position first_seq."""
+
+    request_id: str
+    epoch: int
+    detok_index: int
+    length: int
+    first_seq: int
+    first_token: int
+    first_logprob: float
+    sampling: SamplingParams
+    stop: StopCriteria
+    kv_meta: list[list[Any]]  # per extra frame: [dtype name, shape]
+    controls: LogitsControls | None = None
+    grammar: str = ""
+    # the prompt's token ids when the decode side needs the history (penalties, bad words, a
+    # grammar to replay: its last first_seq tokens are the output so far); else empty
+    context: list[int] = field(default_factory=list)
+    first_top_ids: list[int] = field(default_factory=list)  # the first token's alternatives
+    first_top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class OpenStream:
+    """Inside a TokenBatch from prefill: opens a request's stream at its detok worker (which tells
+    decode worker decode_index when a stop string ends it)."""
+
+    request_id: str
+    epoch: int
+    decode_index: int
+    detok: DetokParams
+    logprobs: bool
+    prompt_logprobs: PromptScores | None = None
+
+
+@dataclass
+class TokenBatch:
+    """prefill_worker or decode_worker -> detok_worker: tokens of one step, parallel lists.
+
+    The decode worker sends one per detok worker per step; seqs are output positions (0 = first).
+    """
+
+    source: Source
+    step: int
+    request_ids: list[str]
+    epochs: list[int]
+    seqs: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    finishes: list[int]  # TokenFinish values
+    opens: list[OpenStream] = field(default_factory=list)
+    # empty when no token of the batch has alternatives; else one list per token (maybe empty)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class TextDelta:
+    """Inside a TextBatch: new text of one request, with the tokens it came from (the first of
+    them at output position start_seq)."""
+
+    request_id: str
+    epoch: int
+    start_seq: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason = FinishReason.NONE  # NONE, STOP or LENGTH from a detok worker
+    top_ids: list[list[int]] = field(default_factory=list)  # as TokenBatch's, per token_ids
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    prompt_logprobs: PromptScores | None = None  # on the delta of output position 0
+
+
+@dataclass
+class TextBatch:
+    """detok_worker -> router: text deltas of every request that moved, one message per pass."""
+
+    deltas: list[TextDelta]
+
+
+@dataclass
+class Abort:
+    """router -> prefill_worker, decode_worker, detok_worker: forget these requests, at these
+    epochs and every earlier one."""
+
+    request_ids: list[str]
+    epochs: list[int]
+
+
+@dataclass
+class Finish:
+    """detok_worker -> decode_worker: these requests (at these epochs) hit a stop string; free
+    their slots."""
+
+    request_ids: list[str]
+    epochs: list[int]
+
+
+@dataclass
+class ResumeStream:
+    """router -> detok_worker: take over (or restart) a request's stream at a new epoch. The
+    worker replays token_ids (every token the client has had) through a fresh detokenizer and
+    stop-string window, emits nothing of it (text_chars characters of text were sent already),
+    and carries on from output position len(token_ids)."""
+
+    request_id: str
+    epoch: int
+    decode_index: int
+    detok: DetokParams
+    logprobs: bool
+    token_ids: list[int]
+    text_chars: int
+
+
+@dataclass
+class Repin:
+    """router -> decode_worker: these requests' streams moved to other detok workers (theirs
+    died): from now on send their tokens there, at the new epoch, starting with every token from
+    output position from_seq on that the decode worker already produced."""
+
+    request_ids: list[str]
+    epochs: list[int]
+    detok_indices: list[int]
+    from_seqs: list[int]
+
+
+@dataclass
+class DetokPool:
+    """router -> prefill_worker, decode_worker: the detok workers' endpoints by index ("" where
+    an index is not in the pool), when the pool grows or shrinks."""
+
+    endpoints: list[str]
+
+
+@dataclass
+class RequestFailed:
+    """any worker -> router: these requests cannot complete (the message says why)."""
+
+    request_ids: list[str]
+    epochs: list[int]
+    role: str
+    message: str
+
+
+# ---- load reports, nested in heartbeats ---------------------------------------------------------
+
+
+@dataclass
+class HistogramSnapshot:
+    """A worker's latency histogram: fixed buckets (seconds) the router can add up, plus exact
+    quantiles over the worker's recent window."""
+
+    buckets: list[float]
+    counts: list[int]  # one per bucket, then +Inf
+    sum: float
+    count: int
+    p50: float
+    p90: float
+    p99: float
+
+
+@dataclass
+class TransportCounters:
+    """A worker's message counts: sends dropped by a slow or gone peer, frames malformed."""
+
+    sent: int = 0
+    dropped: int = 0
+    received: int = 0
+    malformed: int = 0
+
+
+@dataclass
+class PrefillLoad:
+    """Inside a prefill worker's Heartbeat."""
+
+    queue: int  # requests waiting for their prefill
+    queued_tokens: int  # their prompt tokens
+    prefills: int  # run since start
+    kv_bytes_sent: int  # KV cache bytes sent to decode workers since start
+    prefill_time: HistogramSnapshot
+
+
+@dataclass
+class DecodeLoad:
+    """Inside a decode worker's Heartbeat."""
+
+    num_slots: int
+    free_slots: int
+    live: int
+    pending: int  # prefixes waiting for a slot
+    steps: int
+    batches_sent: int
+    tokens_sent: int
+    tombstones: int
+    failed_inserts: int
+    kv_tokens: int  # positions the live slots hold (prompt and output so far)
+    kv_capacity: int  # positions every slot could hold: num_slots x max_seq_len
+    kv_bytes_received: int  # KV cache bytes received from prefill workers since start
+    step_time: HistogramSnapshot
+    step_gap: HistogramSnapshot  # start-to-start time of consecutive busy steps
+    insert_time: HistogramSnapshot  # a prefix into its slot (engine.insert)
+
+
+@dataclass
+class DetokLoad:
+    """Inside a detok worker's Heartbeat."""
+
+    streams: int
+    early: int  # streams whose tokens came before their opening
+    tombstones: int
+    tokens: int
+    batches_in: int
+    batches_out: int
+    broken_streams: int
+    resumed: int  # streams taken over from another detok worker (or restarted) since start
+    pass_time: HistogramSnapshot
+
+
+@dataclass
+class WorkerInfo:
+    """Inside Ready: what the worker's warm-up settled (0 where the role has none)."""
+
+    max_seq_len: int = 0
+    vocab_size: int = 0
+    num_slots: int = 0
+    endpoint: str = ""  # where the worker's receiver is reached (its senders connect there)
+
+
+@dataclass
+class Ready:
+    """worker -> router: warm-up is done; this worker serves protocol_version.
+
+    incarnation: a random token of this run of the worker, repeated by each of its heartbeats.
+    Only a Ready with a new one is a restart (a pid can repeat in a container, and a heartbeat
+    with another pid may be anyone's); the router ignores heartbeats of another incarnation."""
+
+    role: str
+    index: int
+    pid: int
+    protocol_version: int
+    info: WorkerInfo
+    incarnation: str = ""  # a default, so that a worker of an older version is refused by name
+
+
+@dataclass
+class Heartbeat:
+    """worker -> router: alive, with its role's load report (the other two are None)."""
+
+    role: str
+    index: int
+    pid: int
+    protocol_version: int
+    loop_age_s: float  # since the worker's loop last completed a pass
+    draining: bool
+    transport: TransportCounters
+    prefill: PrefillLoad | None = None
+    decode: DecodeLoad | None = None
+    detok: DetokLoad | None = None
+    incarnation: str = ""  # its Ready's
+
+
+MESSAGE_TYPES: dict[int, type] = {
+    1: GenerateRequest,
+    2: PrefixHeader,
+    3: TokenBatch,
+    4: TextBatch,
+    5: Abort,
+    6: Finish,
+    7: RequestFailed,
+    8: Ready,
+    9: Heartbeat,
+    10: ResumeStream,
+    11: Repin,
+    12: DetokPool,
+}
+TYPE_CODES = {cls: code for code, cls in MESSAGE_TYPES.items()}
+
+_NESTED = (
+    SamplingParams, LogitsControls, StopCriteria, DetokParams, PromptScores, OpenStream,
+    TextDelta, HistogramSnapshot, TransportCounters, PrefillLoad, DecodeLoad, DetokLoad,
+    WorkerInfo,
+)  # fmt: skip
