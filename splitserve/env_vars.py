@@ -5,7 +5,8 @@ from __future__ import annotations
 
 # name -> what it does
 ENV_VARS: dict[str, str] = {
-    "SPLITSERVE_API_KEY": "default of --api-key: requests need 'Authorization: Bearer <key>'",
+    "SPLITSERVE_API_KEY": "the API key (or --api-key-file): requests need 'Authorization: Bearer "
+    "<key>'",
     "SPLITSERVE_LOG_LEVEL": "default of --log-level in every process (debug, info, warning, ...)",
     "SPLITSERVE_LOG_FORMAT": "default of --log-format in every process: text or json",
     "SPLITSERVE_FAULTS": "tests only: faults for the workers' sends (splitserve/faults.py)",
@@ -17,6 +18,8 @@ ENV_VARS: dict[str, str] = {
     "SPLITSERVE_LOGS": "deploy/supervisord*.conf: the log directory",
     "SPLITSERVE_PYTHON": "deploy/launch.sh: the Python to run (default: the checkout's .venv)",
     "SPLITSERVE_IMAGE_TEST": "tests only: 1 builds and runs the OCI image (make image-test)",
+    "SPLITSERVE_QKERNEL": "the engine's native kernel library to load instead of the built one "
+    "(splitserve/engine/qkernel.py; for kernel development)",
     "XLA_FLAGS": "XLA's own flags; the workers add their measured XLA:CPU flags to it",
 }
 

@@ -1,0 +1,123 @@
+"""The checks of a cluster file's values beyond their types, applied once as it is loaded
+(splitserve/config.py): endpoints well-formed and each receiver's own, tcp beyond loopback only
+with CURVE keys, secrets readable by their owner alone, connection limits that leave room,
+CPU lists, served model names."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from splitserve.endpoints import is_loopback, parse_endpoint
+from splitserve.secret_files import read_secret_file
+
+if TYPE_CHECKING:
+    from splitserve.config import Addresses, RouterConfig, SecurityConfig
+
+ROLES = ("router", "prefill", "decode", "detok")
+WORKER_ROLES = ("prefill", "decode", "detok")
+
+
+def check_private(path: str, what: str) -> None:
+    """A file holding a secret must be readable by its owner alone (as ssh asks of its keys)."""
+    if os.stat(path).st_mode & 0o077:
+        raise ValueError(f"{path}: {what} must be readable by its owner only: chmod 600 it")
+
+
+def router_with_key(router: RouterConfig) -> RouterConfig:
+    """[router] with its API key read from api_key_file when one is named (and checked private)."""
+    if router.api_key_file:
+        check_private(router.api_key_file, "api_key_file")
+        key = read_secret_file(router.api_key_file)
+        if not key:
+            raise ValueError(f"[router] api_key_file {router.api_key_file} is empty")
+        router = dataclasses.replace(router, api_key=key)
+    return router
+
+
+def check_transport_security(addresses: Addresses, security: SecurityConfig, mode: str) -> None:
+    """Safe by default: a tcp endpoint reachable from the network needs CURVE keys. Without them
+    any process that reaches a worker's port could end its streams or rewrite a client's answer.
+    Loopback tcp is allowed without keys (one host: only local processes reach it), ipc sockets
+    are guarded by their file permissions (0600 in a 0700 run_dir), inproc never leaves the
+    process."""
+    if security.keys_dir:
+        if mode == "threads":
+            raise ValueError("[security] keys_dir is for processes mode: threads mode's inproc "
+                             "sockets never leave the process")  # fmt: skip
+        return  # each process reads its own keys when it makes its sockets (security.Keyring)
+    for role in ROLES:
+        endpoints = [addresses.router] if role == "router" else addresses.of(role)
+        for endpoint in endpoints:
+            parsed = parse_endpoint(endpoint)
+            if parsed.transport == "tcp" and not is_loopback(parsed.address):
+                raise ValueError(
+                    f"[addresses] {role}: {endpoint} is reachable from the network, and without "
+                    "CURVE keys anyone who reaches it can forge messages: make keys with "
+                    "`splitserve keys generate DIR --config FILE` and set [security] keys_dir, "
+                    "or use a loopback or ipc endpoint"
+                )
+
+
+def router_values(values: dict[str, Any]) -> dict[str, Any]:
+    """[router] as RouterConfig takes it: served_model_name, a name or a list, as a tuple."""
+    values = dict(values)
+    names = values.get("served_model_name", ())
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError("[router] served_model_name must be a name or a list of names")
+    if "served_model_name" in values:
+        values["served_model_name"] = tuple(names)
+    if not isinstance(values.get("open_metrics", False), bool):
+        raise ValueError("[router] open_metrics must be true or false")
+    return values
+
+
+def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:
+    """{role: [cpu, ...]} checked: known roles, non-empty lists of CPU numbers."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be a table of role = [cpu, ...]")
+    out: dict[str, tuple[int, ...]] = {}
+    for role, cpus in raw.items():
+        if role not in (*ROLES, "io"):
+            raise ValueError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)}, io)")
+        if (
+            not isinstance(cpus, list | tuple)
+            or not cpus
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)
+        ):
+            raise ValueError(f"{where}.{role} must be a non-empty list of CPU numbers")
+        out[role] = tuple(cpus)
+    return out
+
+
+def check_connection_limits(router: RouterConfig) -> None:
+    for name in ("header_timeout_s", "body_timeout_s"):
+        value = getattr(router, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+            raise ValueError(f"[router] {name} must be a number of seconds above 0")
+    for name in ("max_connections", "max_connections_per_peer"):
+        value = getattr(router, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"[router] {name} must be a count of at least 1")
+    if router.max_connections_per_peer > router.max_connections:
+        raise ValueError("[router] max_connections_per_peer cannot exceed max_connections")
+    if router.max_connections <= router.max_running + router.max_queued:
+        # each running or queued request holds its connection: room must be left for new ones
+        raise ValueError("[router] max_connections must exceed max_running + max_queued")
+
+
+def check_addresses(addresses: Addresses) -> None:
+    """Every endpoint well-formed (splitserve/endpoints.py), and each receiver's its own."""
+    named = [("[addresses] router", addresses.router)]
+    for role in WORKER_ROLES:
+        named += [(f"[addresses] {role}[{k}]", e) for k, e in enumerate(addresses.of(role))]
+    for where, endpoint in named:
+        parse_endpoint(endpoint, where)
+    seen: dict[str, str] = {}
+    for where, endpoint in named:
+        if endpoint in seen:
+            raise ValueError(f"{where} and {seen[endpoint]} are both {endpoint!r}: each receiver"
+                             " needs an endpoint of its own")  # fmt: skip
+        seen[endpoint] = where
