@@ -11,9 +11,10 @@ transport.Receiver.drain_from and protocol.arrays_from_frames as decode_worker d
 Each transfer is acknowledged (over a plain socket of its own, outside what is measured) before
 the next one starts, so transfers never overlap. The time of one is from just before encode on
 the sender to the arrays rebuilt on the receiver: time.perf_counter() is CLOCK_MONOTONIC, one
-clock for every process of a machine, namespaces or not. Each side also says whether its arrays
-and the frames are the same memory (no copy of the arrays by splitserve's code); the sender
-prints one JSON line per transfer.
+clock for every process of a machine, namespaces or not. Apart, the time the sender's own thread
+spends in encode and send: what the prefill worker's loop pays. Each side also says whether its
+arrays and the frames are the same memory (no copy of the arrays by splitserve's code); the
+sender prints one JSON line per transfer.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def send(args) -> None:
             start = time.perf_counter()
             frames = protocol.encode(_header(rid, length, arrays), arrays)
             assert sender.send_frames(frames), "send dropped"  # Sender.send's own two steps
+            queued = time.perf_counter() - start  # what prefill's loop spends: it never waits
             views = all(address(f) == address(a) for f, a in zip(frames[1:], arrays, strict=True))
             if not acks.poll(120_000):
                 sys.exit(f"no acknowledgement of {rid} in 120 s")
@@ -85,7 +87,7 @@ def send(args) -> None:
             if rep >= 0:
                 print(json.dumps({
                     "tokens": length, "bytes": sum(a.nbytes for a in arrays),
-                    "frames": len(frames), "seconds": received_at - start,
+                    "frames": len(frames), "seconds": received_at - start, "loop_seconds": queued,
                     "send_views": views, "receive_views": recv_views,
                 }), flush=True)  # fmt: skip
     sender.close()
