@@ -1,10 +1,11 @@
 """Four hosts for real: the shipped deploy/four-hosts.toml (2 prefill hosts, 2 decode hosts, the
-router on prefill-a, a detok pool on each decode host) with the fake engine, each host a Linux
-network namespace on one bridge (splitserve/bench/netns.py) started with deploy/launch.sh from the
-one cluster file, every tcp link over CURVE with keys from `splitserve keys generate`. Many
-streams, each with its own prompt, must stream exactly the fake engine's full decode, and every
-prefill and decode worker must have served some. Then SIGTERM stops each host, leaving nothing
-running. Needs root to make namespaces (CI runs as root); skipped, saying so, where it may not."""
+router on prefill-a, half the detok pool on each decode host; and again with the whole pool on
+one decode host) with the fake engine, each host a Linux network namespace on one bridge
+(splitserve/bench/netns.py) started with deploy/launch.sh from the one cluster file, every tcp
+link over CURVE with keys from `splitserve keys generate`. Many streams, each with its own
+prompt, must stream exactly the fake engine's full decode, and every prefill and decode worker
+must have served some. Then SIGTERM stops each host, leaving nothing running. Needs root to make
+namespaces (CI runs as root); skipped, saying so, where it may not."""
 
 from __future__ import annotations
 
@@ -49,10 +50,20 @@ def _netns_permitted() -> str | None:
     return None
 
 
-def _cluster(tokenizer: str) -> str:
-    """deploy/four-hosts.toml as shipped, with the fake engine and this bridge's subnet."""
+# the same file with the whole detok pool on decode-a: decode-b's tokens all cross to it
+DETOK_ON_ONE_HOST = [
+    ('"tcp://10.0.0.4:5560", "tcp://10.0.0.4:5561"]', '"tcp://10.0.0.3:5562", "tcp://10.0.0.3:5563"]'),
+    ('roles = ["decode:0", "detok:0-1"]', 'roles = ["decode:0", "detok:0-3"]'),
+    ('roles = ["decode:1", "detok:2-3"]', 'roles = ["decode:1"]'),
+]
+
+
+def _cluster(tokenizer: str, layout: list[tuple[str, str]]) -> str:
+    """deploy/four-hosts.toml as shipped (with `layout`'s changes), with the fake engine and
+    this bridge's subnet."""
     text = open(SHIPPED).read()
     changes = [
+        *layout,
         ('engine = "jax"', 'engine = "fake"'),
         ('path = "default"', f'tokenizer = "{tokenizer}"'),
         ("10.0.0.", f"{SUBNET}."),
@@ -127,9 +138,10 @@ def four_hosts():
         yield hosts
 
 
-def test_four_hosts_from_one_cluster_file(four_hosts, tokenizer_512, tmp_path):
+@pytest.mark.parametrize("layout", [[], DETOK_ON_ONE_HOST], ids=["as-shipped", "detok-on-one-host"])
+def test_four_hosts_from_one_cluster_file(four_hosts, tokenizer_512, tmp_path, layout):
     conf = tmp_path / "four-hosts.toml"
-    conf.write_text(_cluster(tokenizer_512))
+    conf.write_text(_cluster(tokenizer_512, layout))
     keys = [sys.executable, "-m", "splitserve", "keys", "generate", str(tmp_path / "keys")]
     subprocess.run([*keys, "--config", str(conf)], check=True, capture_output=True, timeout=60)
     launchers = []
