@@ -3,9 +3,10 @@
 
     python tests/sse_client.py --url http://10.0.0.1:8000 --requests 4 --max-tokens 500
 
-prints one JSON line per request: request id, finish reason, error, text, and when its first text
-came and when it ended (time.time(), comparable across processes). With --progress (one request)
-it also prints `chunk N` as the Nth chunk of text arrives, for a test that acts mid-stream.
+prints one JSON line per request: its prompt, request id, finish reason, error, text, and when its
+first text came and when it ended (time.time(), comparable across processes). With --progress (one
+request) it also prints `chunk N` as the Nth chunk of text arrives, for a test that acts
+mid-stream; with --distinct each request has a prompt of its own (distinct_prompt).
 """
 
 from __future__ import annotations
@@ -81,11 +82,19 @@ def stream_completion(
     return out
 
 
-def stream_many(url: str, n: int, max_tokens: int, prompt: str = "hello world") -> list[dict]:
+def distinct_prompt(i: int) -> str:
+    """Request i's prompt under --distinct: each its own, so that each has its own output."""
+    return f"request {i}: hello world"
+
+
+def stream_many(
+    url: str, n: int, max_tokens: int, prompt: str = "hello world", distinct: bool = False
+) -> list[dict]:
     results: list[dict] = [{} for _ in range(n)]
 
     def one(i: int) -> None:
-        results[i] = stream_completion(url, prompt, max_tokens)
+        text = distinct_prompt(i) if distinct else prompt
+        results[i] = {"prompt": text, **stream_completion(url, text, max_tokens)}
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -102,6 +111,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--progress", action="store_true", help="one request; `chunk N` lines")
     p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("--distinct", action="store_true", help="request i's prompt: distinct_prompt(i)")
     args = p.parse_args()
     if args.progress:
         progress = lambda n: print(f"chunk {n}", flush=True)  # noqa: E731
@@ -109,7 +119,7 @@ def main() -> None:
                               on_chunk=progress)  # fmt: skip
         print(json.dumps(r), flush=True)
         return
-    for r in stream_many(args.url, args.requests, args.max_tokens):
+    for r in stream_many(args.url, args.requests, args.max_tokens, distinct=args.distinct):
         print(json.dumps(r), flush=True)
 
 

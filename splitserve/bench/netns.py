@@ -38,9 +38,11 @@ class Hosts:
         ensure_ip()
         tag = str(os.getpid() % 100000)
         self.subnet = subnet
-        self.ns = {name: f"ss{tag}{name}"[:15] for name in names}
+        # namespace names are file names, with no 15-byte limit: cutting them (as interface names
+        # must be) made prefill-a and prefill-b the same namespace under a 5-digit pid
+        self.ns = {name: f"ss{tag}{name}" for name in names}
         self.address = {name: f"{subnet}.{i + 1}" for i, name in enumerate(names)}
-        self.switch = f"ss{tag}sw"[:15]
+        self.switch = f"ss{tag}sw"
         self._made: list[str] = []
         try:
             self._add_ns(self.switch)
