@@ -302,3 +302,59 @@ def test_the_shipped_supervisord_conf_serves_the_shipped_cluster_file(tmp_path):
     finally:
         sup.stop()
     _wait(lambda: not any(pid_alive(p) for p in seen_pids), 30, "every program gone")
+
+
+# ---- the detok pool as supervisord's numprocs ---------------------------------------------------
+
+
+def _detoks_ready(url: str, want: set[int]) -> bool:
+    health = _health(url) or {}
+    ready = {w["index"] for w in health.get("workers", [])
+             if w["role"] == "detok" and w["state"] == "ready"}  # fmt: skip
+    return ready == want
+
+
+def _set_detok_numprocs(sup: Supervisor, conf: str, n: int) -> None:
+    with open(conf) as fh:
+        text = fh.read()
+    text = re.sub(r"(\[program:detok\][^\[]*?numprocs=)\d+", rf"\g<1>{n}", text)
+    with open(conf, "w") as fh:
+        fh.write(text)
+    sup.ctl("reread")
+    sup.ctl("update")
+
+
+def test_supervisord_numprocs_grows_and_shrinks_the_detok_pool(tokenizer_512, tmp_path):
+    """numprocs of the detok program 2 -> 4 -> 1 and `supervisorctl update` while streams run:
+    the new workers join the ring and take new requests, the streams on restarted or removed
+    workers move, and every stream ends with all its tokens."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    conf = _generated_conf(tmp_path, tokenizer_512, port)
+    sup = Supervisor(conf, {**os.environ, "SPLITSERVE_LOGS": str(logs)})
+    try:
+        _wait(lambda: _all_ready(url), 240, "every worker ready")
+        for n, want in ((4, {0, 1, 2, 3}), (1, {0})):
+            streams = [Stream(url, 600) for _ in range(3)]  # 12 s at 20 ms a step at the least
+            for s in streams:
+                assert s.mid.wait(120) and s.chunks >= 10, s.result
+            _set_detok_numprocs(sup, conf, n)  # supervisord restarts the group as n processes
+            _wait(lambda w=want: _detoks_ready(url, w), 240, f"detok workers {want} ready")
+            for s in streams:
+                s.thread.join(timeout=300)
+                assert s.result["finish_reason"] == "length", s.result
+                assert s.result["tokens"] == 600, s.result
+            # new requests spread over the new ring: each worker of the pool takes some
+            used: set[int] = set()
+            for i in range(200):
+                rid = f"pool{n}-{i}"
+                r = stream_completion(url, "after", 8, rid)
+                assert r["finish_reason"] == "length" and r["tokens"] == 8, r
+                used.add(_pinned_detok((logs / "router.log").read_text(), rid))
+                if used == want:
+                    break
+            assert used == want, used
+    finally:
+        sup.stop()
