@@ -73,8 +73,8 @@ async def measure(args) -> int:
             bad.append(f"{h.request_id}: text or tokens before the move differ")
         elif ids != calm_ids:
             differ += 1
-            first_diff.append(next(i for i, (a, b) in enumerate(zip(ids, calm_ids, strict=True)) if a != b)
-                              - n)
+            pairs = enumerate(zip(ids, calm_ids, strict=True))
+            first_diff.append(next(i for i, (a, b) in pairs if a != b) - n)
     moved = sum(h.migrations > 0 for h in handles)
     print(f"model {args.model}: {args.streams} greedy streams of {args.tokens} tokens, decode "
           f"worker killed after {min(reached)}..{max(reached)} tokens; {moved} moved; "
