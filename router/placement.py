@@ -70,7 +70,7 @@ class Placement:
 
     def refresh(self) -> None:
         """Follow the live detok workers (call when a worker's state may have changed)."""
-        live = self.workers.live_detoks()
+        live = sorted(self.workers.live_detoks())  # the ring's own order: workers join in any
         if tuple(live) != self.ring.workers:
             self.ring = HashRing(live)
             log.info("hash ring over detok workers %s", live)
