@@ -36,6 +36,7 @@ class ConstrainedSlots:
         self.engine = engine
         self.vocabulary = vocabulary  # Future of the llguidance tokenizer (grammar/vocabulary.py)
         self.grammars = SlotGrammars(engine.vocab_size)
+        self.controlled: set[int] = set()  # slots inserted with controls (a grammar included)
 
     def refusal(self, header: PrefixHeader) -> str | None:
         """Why this worker cannot take the request, if it cannot."""
@@ -77,6 +78,7 @@ class ConstrainedSlots:
         # was the mask's choice, not the model's own
         controls = header.controls or NEUTRAL
         self.engine.insert(prefix, slot, header.sampling, controls=controls)  # type: ignore[call-arg]
+        self.controlled.add(slot)
         state.top_logprobs = controls.top_logprobs
         if state.top_logprobs and header.first_top_ids:
             state.tops.append((list(header.first_top_ids), list(header.first_top_logprobs)))
@@ -102,8 +104,15 @@ class ConstrainedSlots:
         if self.grammars:
             self.grammars.prepare()
 
+    @property
+    def single_steps(self) -> bool:
+        """Some live slot has controls or a grammar: the next step must be one generate() (its
+        mask and the previous step's tokens are per step; an engine refuses generate_many)."""
+        return bool(self.controlled)
+
     def free(self, slot: int) -> None:
         self.grammars.remove(slot)
+        self.controlled.discard(slot)
 
     @staticmethod
     def alternatives(

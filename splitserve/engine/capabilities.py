@@ -4,8 +4,8 @@ the router refuses requests an engine cannot serve before they reach a worker.""
 from __future__ import annotations
 
 # Engines whose prefill / insert / generate take LogitsControls and grammar masks (the JAX
-# engine joins once its compiled step applies them).
-ENGINES_WITH_CONTROLS = frozenset({"fake"})
+# engine applies them in its compiled step: controls.py).
+ENGINES_WITH_CONTROLS = frozenset({"fake", "jax"})
 
 
 def supports_controls(engine: str) -> bool:

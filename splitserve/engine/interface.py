@@ -218,7 +218,9 @@ class Engine(abc.ABC):
     def generate_many(self, steps: int) -> StepOutput:
         """`steps` decode steps (tokens and logprobs [steps, slots]), each slot's token feeding
         its next step; an engine may run them in one dispatch. A slot that finishes midway
-        still advances: the caller drops its later tokens and frees it."""
+        still advances: the caller drops its later tokens and frees it. It takes no masks: while
+        a live slot has controls or a grammar, a worker steps with generate() (the JAX engine
+        refuses generate_many then)."""
         outs = [self.generate() for _ in range(steps)]
         return StepOutput(
             tokens=np.stack([o.tokens for o in outs]),

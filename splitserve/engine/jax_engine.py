@@ -21,6 +21,9 @@
    load the longest sequence keeps ending and another soon takes its place. The step
    returns greedy picks directly; only when some live slot samples does a second, per-row
    sampling program run on its logits. `generate_many(k)` runs k steps in one dispatch.
+   Logits controls and grammar masks (interface.py) run in a third program on the same
+   logits, only while some live row has them (controls.py; per-row state on the host in
+   control_rows.py): a batch without any runs exactly the programs above.
 4. `free` marks the slot unused; its stale cache is never visible to other slots (each
    row attends to its own cache only) nor to its next occupant (masked by position).
 
@@ -46,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from splitserve.engine import controls as ctl
 from splitserve.engine import llama_model, qkernel
 from splitserve.engine import programs as prog
 from splitserve.engine.buckets import (
@@ -56,13 +60,27 @@ from splitserve.engine.buckets import (
     pick,
     prefill_shapes,
 )
-from splitserve.engine.interface import Engine, Prefix, SamplingParams, StepOutput
+from splitserve.engine.control_rows import ControlRows
+from splitserve.engine.interface import (
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS,
+    Engine,
+    LogitsControls,
+    Prefix,
+    PromptLogprobs,
+    SamplingParams,
+    StepMasks,
+    StepOutput,
+    TopLogprobs,
+)
 from splitserve.engine.llama_config import LlamaConfig, preset
 from splitserve.engine.slot_rows import SlotRows
 
 
 class JaxEngine(Engine):
     """Llama in JAX behind the Engine interface (see the module docstring)."""
+
+    supports_controls = True
 
     def __init__(
         self,
@@ -140,6 +158,7 @@ class JaxEngine(Engine):
         self._floats = np.zeros((prog.FLOAT_ROWS, num_slots), np.float32)  # TEMP, TOP_P
         self._floats[prog.TOP_P] = 1.0
         self._live = np.zeros(num_slots, bool)  # by row
+        self._controls = ControlRows(num_slots, cfg.vocab_size)  # by row
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.rows_moved = 0  # compaction moves so far (a figure for benchmarks)
 
@@ -186,6 +205,19 @@ class JaxEngine(Engine):
             args = (spec((rows, cfg.vocab_size), f32), spec((prog.INT_ROWS, rows), i32),
                     spec((prog.FLOAT_ROWS, rows), f32))
             return fn.lower(*args).compile()
+        if kind == "controls":  # ("controls", rows, with penalty history)
+            rows, vocab = key[1], cfg.vocab_size
+            args = [spec((rows, vocab), f32), spec((prog.INT_ROWS, rows), i32),
+                    spec((prog.FLOAT_ROWS, rows), f32), spec((ctl.CF_ROWS, rows), f32),
+                    spec((ctl.FLAG_ROWS, rows), i32), spec((rows, -(-vocab // 32)), i32),
+                    spec((rows, MAX_LOGIT_BIAS), i32), spec((rows, MAX_LOGIT_BIAS), f32),
+                    spec((rows, MAX_BAD_WORDS), i32)]
+            if key[2]:
+                args.append(spec((rows, vocab), i32))
+            return jax.jit(prog.controls_fn).lower(*args).compile()
+        if kind == "prompt":  # ("prompt", padded length): prompt logprobs
+            fn = jax.jit(partial(prog.prompt_fn, cfg))
+            return fn.lower(self.params, spec((key[1],), i32)).compile()
         if kind == "insert":  # ("insert", width, capacity), one layer
             part = spec((key[1], cfg.kv_heads, cfg.head_dim), self.cache_dtype)
             ck, cv = (x[0] for x in self._cache_specs(key[2]))
@@ -212,8 +244,12 @@ class JaxEngine(Engine):
         if prefill:  # prefill samples one row per prompt, greedy or not
             keys += [("sample", c, g) for c in self.prefill_counts for g in (True, False)]
             keys += [("prefill", c, t) for c, t in self.prefill_shapes]
+            # a prompt with controls or a first-token mask (prompt logprobs, rare and one
+            # program per length, compile on first use)
+            keys += [("controls", 1, h) for h in (False, True)]
         if decode:  # decode samples every row of the batch when some row is not greedy
             keys += [("sample", b, False) for b in self.batch_buckets]
+            keys += [("controls", b, h) for b in self.batch_buckets for h in (False, True)]
             for i, c in enumerate(self.decode_buckets):
                 keys += [("decode", b, c, k) for b in self.batch_buckets
                          for k in self.decode_steps]
@@ -255,8 +291,64 @@ class JaxEngine(Engine):
 
     # -- prefill -----------------------------------------------------------------------
 
-    def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:
-        return self.prefill_batch([tokens], [sampling], [out_pos])[0]
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        out_pos: int = 0,
+        *,
+        controls: LogitsControls | None = None,
+        mask: np.ndarray | None = None,
+    ) -> Prefix:
+        if controls is None and mask is None:
+            return self.prefill_batch([tokens], [sampling], [out_pos])[0]
+        return self._prefill_controlled(self._check_prompt(tokens), sampling, out_pos,
+                                        controls, mask)  # fmt: skip
+
+    def _prefill_controlled(self, ids: np.ndarray, sampling: SamplingParams, out_pos: int,
+                            controls: LogitsControls | None, mask: np.ndarray | None) -> Prefix:
+        """One prompt whose first token takes controls or a mask: the plain prefill pass, then
+        the controls program on its logits (one row, its own ControlRows), then the prompt's
+        logprobs when asked for."""
+        controls = controls or LogitsControls()
+        self._check_controls(controls)
+        logits, lengths, k_np, v_np = self._prefill_pass([ids])
+        ints, floats = self._sampling_rows(sampling, out_pos=out_pos)
+        row = ControlRows(1, self.vocab_size)
+        row.set(0, controls, ids, out_pos, None)
+        masks = {} if mask is None else {0: np.asarray(mask, np.int32)}
+        inputs = row.inputs(1, masks)
+        program = self._program(("controls", 1, len(inputs) > 6))
+        tok, lp, top_ids, top_lps = program(logits, ints, floats, *inputs)
+        (prefix,) = self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:1], k_np, v_np,
+                                   [out_pos])  # fmt: skip
+        k = controls.top_logprobs
+        if k:
+            prefix.first_top = TopLogprobs(np.asarray(top_ids)[:, :k].copy(),
+                                           np.asarray(top_lps)[:, :k].copy())  # fmt: skip
+        if controls.needs_history:
+            prefix.context = ids.astype(np.int32)
+        if controls.prompt_logprobs >= 0 and out_pos == 0:
+            prefix.prompt_logprobs = self._prompt_logprobs(ids, controls.prompt_logprobs)
+        return prefix
+
+    def _prompt_logprobs(self, ids: np.ndarray, k: int) -> PromptLogprobs:
+        """The raw logprob and rank of each prompt token after the first, with top k."""
+        length = pick(self.prefill_buckets, len(ids))
+        tokens = np.zeros(length, np.int32)
+        tokens[: len(ids)] = ids
+        lp, ranks, top_ids, top_lps = self._program(("prompt", length))(self.params, tokens)
+        n = len(ids) - 1
+        top = None
+        if k:
+            top = TopLogprobs(np.asarray(top_ids)[:n, :k].copy(),
+                              np.asarray(top_lps)[:n, :k].copy())  # fmt: skip
+        return PromptLogprobs(np.asarray(lp)[:n].copy(), np.asarray(ranks)[:n].copy(), top)
+
+    def _check_controls(self, controls: LogitsControls) -> None:
+        why = controls.outside(self.vocab_size)
+        if why:
+            raise ValueError(why)
 
     def prefill_batch(
         self,
@@ -305,21 +397,31 @@ class JaxEngine(Engine):
         samplings: Sequence[SamplingParams],
         out_pos: Sequence[int],
     ) -> list[Prefix]:
-        count, length = self._prefill_shape(prompts)
-        tokens = np.zeros((count, length), np.int32)  # padding rows: one token of id 0
-        lengths = np.ones(count, np.int32)
+        count = self._prefill_shape(prompts)[0]
         ints = np.zeros((prog.INT_ROWS, count), np.int32)
         floats = np.zeros((prog.FLOAT_ROWS, count), np.float32)
         floats[prog.TOP_P] = 1.0
-        for i, (ids, sp, pos) in enumerate(zip(prompts, samplings, out_pos, strict=True)):
-            tokens[i, :len(ids)] = ids
-            lengths[i] = len(ids)
+        for i, (sp, pos) in enumerate(zip(samplings, out_pos, strict=True)):
             ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=pos)
-        logits, k, v = self._program(("prefill", count, length))(self.params, tokens, lengths)
+        logits, lengths, k_np, v_np = self._prefill_pass(prompts)
         greedy_only = all(sp.temperature <= 0 for sp in samplings)
         tok, lp = self._program(("sample", count, greedy_only))(logits, ints, floats)
-        tok, lp = np.asarray(tok), np.asarray(lp)
-        k_np, v_np = np.asarray(k), np.asarray(v)  # [count, layers, length, kv_heads, head_dim]
+        return self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:len(prompts)], k_np,
+                              v_np, out_pos)  # fmt: skip
+
+    def _prefill_pass(self, prompts: Sequence[np.ndarray]):
+        """The model pass over prompts padded to their bucket: (logits [count, V] on device,
+        lengths [count], k, v [count, layers, length, kv_heads, head_dim] as numpy)."""
+        count, length = self._prefill_shape(prompts)
+        tokens = np.zeros((count, length), np.int32)  # padding rows: one token of id 0
+        lengths = np.ones(count, np.int32)
+        for i, ids in enumerate(prompts):
+            tokens[i, :len(ids)] = ids
+            lengths[i] = len(ids)
+        logits, k, v = self._program(("prefill", count, length))(self.params, tokens, lengths)
+        return logits, lengths, np.asarray(k), np.asarray(v)
+
+    def _prefixes(self, tok, lp, lengths, k_np, v_np, out_pos) -> list[Prefix]:
         return [
             Prefix(
                 kv=[
@@ -331,13 +433,24 @@ class JaxEngine(Engine):
                 first_logprob=float(lp[i]),
                 out_pos=out_pos[i],
             )
-            for i, n in enumerate(lengths[:len(prompts)])
+            for i, n in enumerate(lengths)
         ]
 
     # -- decode ------------------------------------------------------------------------
 
-    def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
+    def insert(
+        self,
+        prefix: Prefix,
+        slot: int,
+        sampling: SamplingParams,
+        *,
+        controls: LogitsControls | None = None,
+    ) -> None:
         self._check_slot(slot)
+        if controls is not None:
+            self._check_controls(controls)
+            if controls.needs_history and prefix.context is None:
+                raise ValueError("these controls need the prompt (Prefix.context)")
         n = prefix.length
         if not 1 <= n <= self.max_seq_len:
             raise ValueError(f"prefix of {n} tokens; this engine holds 1..{self.max_seq_len}")
@@ -369,14 +482,24 @@ class JaxEngine(Engine):
         self._ints[prog.POS, row] = n
         self._floats[:, row] = floats[:, 0]
         self._live[row] = True
+        if controls is not None:
+            self._controls.set(row, controls, prefix.context, prefix.out_pos, prefix.first_token)
+        else:
+            self._controls.clear(row)
 
     def kv_layout(self, length: int) -> list[tuple[np.dtype, tuple[int, ...]]]:
         cfg = self.cfg  # k and v: [layers, length, kv_heads, head_dim] each
         return [(self.cache_dtype, (cfg.layers, length, cfg.kv_heads, cfg.head_dim))] * 2
 
-    def generate(self) -> StepOutput:
-        out = self._run(1)
-        return StepOutput(tokens=out.tokens[0], logprobs=out.logprobs[0])
+    def generate(self, *, masks: StepMasks | None = None) -> StepOutput:
+        out = self._run(1, masks)
+        top = out.top
+        return StepOutput(tokens=out.tokens[0], logprobs=out.logprobs[0], top=top)
+
+    @property
+    def controlled(self) -> bool:
+        """Some live slot has logits controls: steps must go one at a time (generate)."""
+        return bool(self._controls.on[self._live].any())
 
     def generate_many(self, steps: int) -> StepOutput:
         """`steps` decode steps in one dispatch (steps must be one of decode_steps): tokens and
@@ -384,9 +507,11 @@ class JaxEngine(Engine):
         caller drops its later tokens and frees it."""
         if steps not in self.decode_steps:
             raise ValueError(f"{steps} steps per call not compiled; have {self.decode_steps}")
+        if self.controlled:  # each step needs its own mask and the previous step's tokens
+            raise ValueError("a live slot has logits controls: one step per call (generate)")
         return self._run(steps)
 
-    def _run(self, steps: int) -> StepOutput:
+    def _run(self, steps: int, masks: StepMasks | None = None) -> StepOutput:
         """Run `steps` steps over the live rows; tokens/logprobs [steps, slots] by slot."""
         tokens = np.zeros((steps, self.num_slots), np.int32)
         logprobs = np.zeros((steps, self.num_slots), np.float32)
@@ -406,11 +531,16 @@ class JaxEngine(Engine):
         pos[~live] = 0
         ints = np.ascontiguousarray(self._ints[:, :batch])
         program = self._program(("decode", batch, self._capacity, steps))
+        top = None
         if steps == 1:
             self._cache_k, self._cache_v, tok, lp, logits = program(
                 self.decode_params, self._cache_k, self._cache_v, ints
             )
-            if (self._floats[prog.TEMP, :batch][live[:batch]] > 0).any():
+            # the pass is dispatched: only now wait for the masks, which overlap it
+            masked = self._masked_rows(masks, batch)
+            if masked or self._controls.on[:batch][live[:batch]].any():
+                tok, lp, top = self._controlled(batch, logits, ints, masked)
+            elif (self._floats[prog.TEMP, :batch][live[:batch]] > 0).any():
                 floats = np.ascontiguousarray(self._floats[:, :batch])
                 tok, lp = self._program(("sample", batch, False))(logits, ints, floats)
             tok, lp = np.asarray(tok)[None], np.asarray(lp)[None]
@@ -424,10 +554,41 @@ class JaxEngine(Engine):
         slots = self._rows.slot_at[rows]
         tokens[:, slots] = tok[:, rows]
         logprobs[:, slots] = lp[:, rows]
+        if top is not None:
+            ids, lps = top
+            top = TopLogprobs(np.zeros((self.num_slots, ids.shape[1]), np.int32),
+                              np.zeros((self.num_slots, ids.shape[1]), np.float32))  # fmt: skip
+            top.ids[slots], top.logprobs[slots] = ids[rows], lps[rows]
+        if self._controls.on[rows].any():
+            self._controls.record(rows.tolist(), tok[-1, rows].tolist())
         self._ints[prog.TOKEN, rows] = tok[-1, rows]
         self._ints[prog.POS, rows] = np.minimum(pos[rows] + steps, self.max_seq_len)
         self._ints[prog.OUT_POS, rows] += steps
-        return StepOutput(tokens=tokens, logprobs=logprobs)
+        return StepOutput(tokens=tokens, logprobs=logprobs, top=top)
+
+    def _masked_rows(self, masks: StepMasks | None, batch: int) -> dict[int, np.ndarray]:
+        """{row: packed allowed bits} of the step's constrained live slots."""
+        if masks is None or len(masks.slots) == 0:
+            return {}
+        bits = masks.wait()
+        out = {}
+        for i, slot in enumerate(np.asarray(masks.slots).tolist()):
+            row = self._rows.row(slot)
+            if 0 <= row < batch and self._live[row]:
+                out[row] = np.asarray(bits[i], np.int32)
+        return out
+
+    def _controlled(self, batch: int, logits, ints: np.ndarray, masked: dict[int, np.ndarray]):
+        """The controls program over the step's logits: tokens [batch], logprobs [batch], and
+        (top ids, top logprobs) [batch, 20] when some live row asked for alternatives."""
+        floats = np.ascontiguousarray(self._floats[:, :batch])
+        inputs = self._controls.inputs(batch, masked)
+        program = self._program(("controls", batch, len(inputs) > 6))
+        tok, lp, top_ids, top_lps = program(logits, ints, floats, *inputs)
+        live = self._live[:batch]
+        want_top = (self._controls.flags[ctl.TOP_K_LOGPROBS, :batch][live] > 0).any()
+        top = (np.asarray(top_ids), np.asarray(top_lps)) if want_top else None
+        return np.asarray(tok), np.asarray(lp), top
 
     def free(self, slot: int) -> None:
         self._check_slot(slot)
@@ -445,6 +606,7 @@ class JaxEngine(Engine):
         self._live[row] = False
         self._ints[:, row] = 0
         self._floats[:, row] = (0.0, 1.0)  # greedy, so it never forces the sampling variant
+        self._controls.clear(row)
 
     def _compact(self, batch: int) -> None:
         """Move live rows at or beyond `batch` into the holes below it (cache and inputs)."""
@@ -458,6 +620,7 @@ class JaxEngine(Engine):
             )
             self._ints[:, dst] = self._ints[:, src]
             self._floats[:, dst] = self._floats[:, src]
+            self._controls.move(src, dst)
             self._live[dst] = True
             self._clear_row(src)
         self.rows_moved += len(moves)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from splitserve.engine import llama_model
+from splitserve.engine import controls, llama_model
 from splitserve.engine import sampling as sampler
 
 # Rows of the packed per-step int32 input.
@@ -32,6 +32,22 @@ def sample_fn(greedy_only, logits, ints, floats):
         return sampler.greedy(logits)
     seeds = lax.bitcast_convert_type(ints[SEED], jnp.uint32)
     return sampler.sample(logits, floats[TEMP], ints[TOP_K], floats[TOP_P], seeds, ints[OUT_POS])
+
+
+def controls_fn(logits, ints, floats, cfloats, flags, allowed, bias_ids, bias_vals, banned,
+                hist=None):  # fmt: skip
+    """Rows with logits controls or a grammar mask (controls.py): (tokens, logprobs, top ids,
+    top logprobs). `hist` is given only by the variant whose rows have penalties."""
+    seeds = lax.bitcast_convert_type(ints[SEED], jnp.uint32)
+    return controls.process(
+        logits, floats[TEMP], ints[TOP_K], floats[TOP_P], seeds, ints[OUT_POS], cfloats, flags,
+        allowed, bias_ids, bias_vals, banned, hist,
+    )
+
+
+def prompt_fn(cfg, params, tokens):
+    """One padded prompt [T] -> its prompt logprobs (controls.prompt_scores)."""
+    return controls.prompt_scores(llama_model.forward(cfg, params, tokens), tokens)
 
 
 def decode_fn(cfg, attention, params, cache_k, cache_v, ints):
