@@ -62,7 +62,8 @@ class LivenessMonitor:
 
     def expire_requests(self) -> None:
         """The backstop for requests lost without a worker dying (a message lost in a crash):
-        no output for stall_timeout_s. A request still queued at the prefill worker, or (while the
+        no output for stall_timeout_s. A request still queued at the prefill worker (new, or moved
+        and sent to be prefilled again), or (while the
         decode worker has prefixes waiting) still waiting for a decode slot, is not lost: only its
         overall deadline and the liveness of its workers bound it."""
         now = time.monotonic()
@@ -79,7 +80,7 @@ class LivenessMonitor:
                 self.end(handle, FinishReason.ERROR, "request timed out")
             elif handle.waiting_since is not None:
                 continue  # a move waits for a live worker: bounded by migration_timeout_s
-            elif handle.first_token_at is None:
+            elif handle.completion_tokens == handle.prefill_from:  # its prefill's token not in
                 idle = idle_at.get(handle.stamp.prefill)
                 if idle is not None and idle - handle.last_progress > stall:
                     self.end(handle, FinishReason.ERROR, "no first token: the prefill worker"

@@ -115,6 +115,10 @@ class Migrator:
             self.wait(handle, epoch)
             return
         stamp = handle.stamp
+        # sent to a prefill worker again: the stall clock starts here (not at its last token,
+        # before a wait for a live worker), and its prefill queue is no stall (router/liveness.py)
+        handle.last_progress = time.monotonic()
+        handle.prefill_from = handle.completion_tokens
         handle.waiting_since = None
         self.waiting.pop(handle.request_id, None)
         n = handle.completion_tokens

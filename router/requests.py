@@ -112,6 +112,9 @@ class RequestHandle:
     deadline: float
     last_progress: float = 0.0
     first_token_at: float | None = None
+    # completion tokens it had when last sent to a prefill worker (a move re-prefills it from
+    # there): until it has more, it waits on that prefill, which a stall must not be taken for
+    prefill_from: int = 0
     completion_tokens: int = 0
     result: Result | None = None
     # Where it runs (router/placement.py) and what a move to other workers needs: the message

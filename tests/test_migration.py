@@ -105,3 +105,41 @@ def test_past_the_migration_limit_a_request_ends_with_a_clear_error(tokenizer_51
                 assert "decode worker 0 died" in result.error and "moved 0 times" in result.error
 
     run(body(), timeout_s=120)
+
+
+def test_streams_that_wait_longer_than_the_stall_timeout_for_a_worker_still_complete(
+    tokenizer_512,
+):
+    """The only decode worker is dead for longer than stall_timeout_s before it is back: the
+    requests wait for it (bounded by migration_timeout_s, not by the stall check), and then
+    queue for their re-prefill longer than stall_timeout_s too (half a second each, one after
+    another): they complete exactly. (Their stall clock used to keep their last token from before
+    the wait, and a queued re-prefill counted as a stall: each ended 'no progress'.)"""
+    tok = load_tokenizer(tokenizer_512)
+    stall_s = 2.0
+    config = make_config(
+        tokenizer_512,
+        model={"num_slots": 8, "fake_step_s": 0.02, "fake_prefill_s": 0.5, "max_seq_len": 1024},
+        router={"max_running": 8, "stall_timeout_s": stall_s},
+    )
+    prompts = _prompts(tok, 8)
+    params = RequestParams(max_tokens=600, ignore_eos=True)  # 12 s of steps: none ends first
+
+    async def body():
+        async with pipeline(config) as (core, stack):
+            handles = [await core.submit(p, params) for p in prompts]
+            await wait_for(lambda: all(h.completion_tokens >= 2 for h in handles), 60, "streams")
+            stack.children[("decode", 0)].popen.send_signal(signal.SIGSTOP)
+            stack.kill("decode", 0)
+            await wait_for(lambda: all(h.waiting_since is not None for h in handles), 60,
+                           "every request waiting for a decode worker")  # fmt: skip
+            await asyncio.sleep(3 * stall_s)  # the wait outlasts the stall timeout, surely
+            stack.restart("decode", 0)
+            results = await asyncio.wait_for(asyncio.gather(*(h.finished() for h in handles)), 120)
+            for prompt, handle, (text, result) in zip(prompts, handles, results, strict=True):
+                tokens, _ = expected_fake_tokens(prompt, tok.vocab_size, 600, ignore_eos=True)
+                assert result.finish_reason.api == "length", (handle.request_id, result)
+                assert list(handle.token_ids) == tokens, handle.request_id
+                assert text == tok.decode(tokens, skip_special_tokens=True), handle.request_id
+
+    run(body(), timeout_s=300)
