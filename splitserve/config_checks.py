@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from splitserve.endpoints import is_loopback, parse_endpoint
 from splitserve.secret_files import read_secret_file
 
-if TYPE_CHECKING:
-    from splitserve.config import Addresses, RouterConfig, SecurityConfig
-
+# The checks take splitserve.config's dataclasses (Addresses, RouterConfig, SecurityConfig) as
+# values, typed Any here: config.py imports this module, and the types would tie it back.
 ROLES = ("router", "prefill", "decode", "detok")
 WORKER_ROLES = ("prefill", "decode", "detok")
 
@@ -25,7 +24,7 @@ def check_private(path: str, what: str) -> None:
         raise ValueError(f"{path}: {what} must be readable by its owner only: chmod 600 it")
 
 
-def router_with_key(router: RouterConfig) -> RouterConfig:
+def router_with_key(router: Any) -> Any:
     """[router] with its API key read from api_key_file when one is named (and checked private)."""
     if router.api_key_file:
         check_private(router.api_key_file, "api_key_file")
@@ -36,7 +35,7 @@ def router_with_key(router: RouterConfig) -> RouterConfig:
     return router
 
 
-def check_transport_security(addresses: Addresses, security: SecurityConfig, mode: str) -> None:
+def check_transport_security(addresses: Any, security: Any, mode: str) -> None:
     """Safe by default: a tcp endpoint reachable from the network needs CURVE keys. Without them
     any process that reaches a worker's port could end its streams or rewrite a client's answer.
     Loopback tcp is allowed without keys (one host: only local processes reach it), ipc sockets
@@ -92,7 +91,7 @@ def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def check_connection_limits(router: RouterConfig) -> None:
+def check_connection_limits(router: Any) -> None:
     for name in ("header_timeout_s", "body_timeout_s"):
         value = getattr(router, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
@@ -108,7 +107,7 @@ def check_connection_limits(router: RouterConfig) -> None:
         raise ValueError("[router] max_connections must exceed max_running + max_queued")
 
 
-def check_addresses(addresses: Addresses) -> None:
+def check_addresses(addresses: Any) -> None:
     """Every endpoint well-formed (splitserve/endpoints.py), and each receiver's its own."""
     named = [("[addresses] router", addresses.router)]
     for role in WORKER_ROLES:
