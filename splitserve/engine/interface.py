@@ -202,6 +202,25 @@ class Engine(abc.ABC):
         return [self.prefill(p, s, pos) for p, s, pos in
                 zip(prompts, samplings, positions, strict=True)]  # fmt: skip
 
+    # whether prefill_cached() reuses the cached KV (an engine without it computes the whole
+    # prompt there: the same Prefix, none of the savings)
+    supports_prefix_reuse: bool = False
+
+    def prefill_cached(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        cached_kv: list[np.ndarray],
+        out_pos: int = 0,
+        **options,
+    ) -> Prefix:
+        """prefill(), given the KV of the prompt's first m tokens (cached_kv: this engine's own
+        arrays, as kv_layout(m) describes them, e.g. cut from an earlier Prefix; 0 < m <
+        len(tokens)): only tokens m.. are computed. The Prefix is the whole prompt's, equal to
+        prefill()'s to float tolerance. `options` are prefill()'s keywords (controls, mask); a
+        request that needs the prompt's logprobs is prefilled from scratch by the caller."""
+        return self.prefill(tokens, sampling, out_pos, **options)
+
     @abc.abstractmethod
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:
         """Place a prefix (possibly built in another process) into a free slot.

@@ -57,11 +57,12 @@ from splitserve.engine.buckets import (
     prefill_shapes,
 )
 from splitserve.engine.interface import Engine, Prefix, SamplingParams, StepOutput
+from splitserve.engine.jax_prefix import PrefixReuse
 from splitserve.engine.llama_config import LlamaConfig, preset
 from splitserve.engine.slot_rows import SlotRows
 
 
-class JaxEngine(Engine):
+class JaxEngine(PrefixReuse, Engine):
     """Llama in JAX behind the Engine interface (see the module docstring)."""
 
     def __init__(
@@ -84,6 +85,7 @@ class JaxEngine(Engine):
         param_dtype=jnp.float32,
         cache_dtype=jnp.float32,
         shrink_after_steps: int = 256,
+        prefix_reuse: bool = False,
     ):
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(
@@ -142,6 +144,7 @@ class JaxEngine(Engine):
         self._live = np.zeros(num_slots, bool)  # by row
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.rows_moved = 0  # compaction moves so far (a figure for benchmarks)
+        self.prefix_reuse = prefix_reuse  # warm-up compiles prefill_cached's programs too
 
     def _cache_shapes(self, capacity: int) -> tuple[tuple, tuple]:
         c = self.cfg
@@ -204,6 +207,8 @@ class JaxEngine(Engine):
             if steps > 1:
                 args.append(spec((prog.FLOAT_ROWS, batch), f32))
             return prog.jit_decode(cfg, steps, self.attention).lower(*args).compile()
+        if kind == "prefill_cont":  # ("prefill_cont", cached bucket, new bucket)
+            return self.compile_continue(key)
         raise KeyError(key)
 
     def program_keys(self, prefill: bool = True, decode: bool = True) -> list[tuple]:
@@ -212,6 +217,7 @@ class JaxEngine(Engine):
         if prefill:  # prefill samples one row per prompt, greedy or not
             keys += [("sample", c, g) for c in self.prefill_counts for g in (True, False)]
             keys += [("prefill", c, t) for c, t in self.prefill_shapes]
+            keys += self.continue_keys()
         if decode:  # decode samples every row of the batch when some row is not greedy
             keys += [("sample", b, False) for b in self.batch_buckets]
             for i, c in enumerate(self.decode_buckets):
