@@ -82,7 +82,7 @@ class ModelConfig:
     # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its
     # longest cached block run does not cover
     prefix_cache: bool = True
-    prefix_cache_mb: int = 256
+    prefix_cache_mb: float = 256  # MiB; a fraction for a small bound (tests of eviction)
     prefix_block_tokens: int = 16
     # fake engine only: seconds each decode step and each prefill take (simulated compute)
     fake_step_s: float = 0.0
@@ -349,6 +349,7 @@ def config_from_dict(
     check_connection_limits(router)
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
+    check_prefix_cache(model)
     return ClusterConfig(
         model=model,
         router=router,
@@ -472,6 +473,20 @@ def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
         },
         "hosts": config.hosts,
     }
+
+
+def check_prefix_cache(model: ModelConfig) -> None:
+    """The prefix cache's keys, at load: a prefill worker would otherwise fail (or keep nothing)
+    only once traffic comes."""
+    if not isinstance(model.prefix_cache, bool):
+        raise ValueError("[model] prefix_cache must be true or false")
+    mb, block = model.prefix_cache_mb, model.prefix_block_tokens
+    if isinstance(mb, bool) or not isinstance(mb, int | float) or not 0 <= mb <= 1 << 20:
+        raise ValueError("[model] prefix_cache_mb must be a size in MiB, 0 to 1048576")
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 4096:
+        raise ValueError("[model] prefix_block_tokens must be a count of tokens, 1 to 4096")
+    if model.prefix_cache and block >= model.max_seq_len:
+        raise ValueError("[model] prefix_block_tokens must be below max_seq_len")
 
 
 def check_connection_limits(router: RouterConfig) -> None:
