@@ -86,6 +86,7 @@ class Delta:
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
     prompt_logprobs: Any = None  # protocol.PromptScores
+    cached_tokens: int = 0  # with the first: prompt tokens the prefill found cached
 
 
 @dataclass
