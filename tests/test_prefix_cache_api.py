@@ -108,3 +108,14 @@ def test_cache_off_gives_the_same_text_and_no_hits(tokenizer_512, stack):
         m = off.metrics()
         assert not any(k.startswith("vllm:prefix_cache") for k in m), "a cache that is off"
         assert metric_sum(m, "splitserve_prefix_cache_check", index="0") == -1
+
+
+def test_prompt_logprobs_are_computed_from_scratch(stack):
+    ids = prompt(11, 26)
+    complete(stack, ids)
+    client = stack.openai()
+    model = client.models.list().data[0].id
+    out = client.completions.create(model=model, prompt=ids, max_tokens=2,
+                                    extra_body={"prompt_logprobs": 1})  # fmt: skip
+    assert out.usage.prompt_tokens_details.cached_tokens == 0  # every position was scored
+    assert len(out.choices[0].prompt_logprobs) == len(ids)
