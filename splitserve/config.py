@@ -84,6 +84,10 @@ class ModelConfig:
     prefix_cache: bool = True
     prefix_cache_mb: float = 256  # MiB; a fraction for a small bound (tests of eviction)
     prefix_block_tokens: int = 16
+    # the JAX engine's prefill length buckets (empty: powers of two from 16, then max_seq_len);
+    # with the prefix cache on, each pair of them is a continuation program to compile, so a
+    # deployment with known prompt lengths may name fewer
+    prefill_buckets: tuple[int, ...] = ()
     # fake engine only: seconds each decode step and each prefill take (simulated compute)
     fake_step_s: float = 0.0
     fake_prefill_s: float = 0.0
@@ -114,6 +118,10 @@ class RouterConfig:
     # how the router picks prefill and decode workers (router/placement.py): "load" (fewest
     # prompt tokens queued; most free slots), or "round_robin" (a baseline for benchmarks)
     placement: str = "load"
+    # with several prefill workers and the prefix cache on, "load" counts the tokens a worker
+    # likely has cached as work it need not do (router/prefix_affinity.py); false: load alone
+    # (the baseline splitserve/bench/prefix.py measures it against)
+    prefix_affinity: bool = True
     api_key: str = ""  # the key itself, read from api_key_file (never written to a child's file)
     api_key_file: str = ""  # a file holding the key, readable by its owner only (0600)
     # /metrics without the API key (as vLLM serves it), for scrapers; /health is always open
@@ -487,6 +495,14 @@ def check_prefix_cache(model: ModelConfig) -> None:
         raise ValueError("[model] prefix_block_tokens must be a count of tokens, 1 to 4096")
     if model.prefix_cache and block >= model.max_seq_len:
         raise ValueError("[model] prefix_block_tokens must be below max_seq_len")
+    buckets = model.prefill_buckets
+    if buckets and (
+        not all(type(b) is int for b in buckets)
+        or list(buckets) != sorted(set(buckets))
+        or buckets[0] < 1
+        or buckets[-1] != model.max_seq_len
+    ):
+        raise ValueError("[model] prefill_buckets must ascend from >= 1 and end at max_seq_len")
 
 
 def check_connection_limits(router: RouterConfig) -> None:

@@ -41,3 +41,12 @@ def test_bad_cache_keys_fail_at_load(tmp_path, model, message):
 def test_a_fractional_bound_is_taken(tmp_path):
     raw = {"model": {"prefix_cache_mb": 0.01}, "cluster": {"run_dir": str(tmp_path)}}
     assert config_from_dict(raw).model.prefix_cache_mb == 0.01
+
+
+def test_prefill_buckets_must_end_at_max_seq_len(tmp_path):
+    raw = {"model": {"max_seq_len": 256, "prefill_buckets": [64, 256]},
+           "cluster": {"run_dir": str(tmp_path)}}  # fmt: skip
+    assert tuple(config_from_dict(raw).model.prefill_buckets) == (64, 256)
+    raw["model"]["prefill_buckets"] = [64, 128]
+    with pytest.raises(ValueError, match="prefill_buckets"):
+        config_from_dict(raw)

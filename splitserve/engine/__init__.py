@@ -33,6 +33,7 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str = "decode") -> E
             enable_compilation_cache(model.compile_cache_dir)
     return build_jax_engine(
         resolve_model_path(model.path), model.num_slots, model.max_seq_len,
+        prefill_buckets=tuple(model.prefill_buckets) or None,
         prefix_reuse=model.prefix_cache and role == "prefill",
     )  # fmt: skip
 
