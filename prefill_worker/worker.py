@@ -108,7 +108,7 @@ class PrefillWorker(WorkerLoop):
         finish = token_finish(
             req.stop, prefix.first_token, generated, prefix.length + 1, self.engine.max_seq_len
         )
-        self.send_first_token(req, prefix, finish, hit.tokens)
+        self.send_first_token(req, prefix, finish, prefix.cached_tokens)
         if finish == TokenFinish.NONE:
             self.send_prefix(req, prefix)
         # bookkeeping after the sends: nothing here delays the first token
@@ -116,7 +116,7 @@ class PrefillWorker(WorkerLoop):
         self.prefill_time.observe(took)
         self.prefills += 1
         log.info("%s prefilled: %d tokens (%d cached) in %.1f ms, decode %d, detok %d",
-                 req.request_id, prefix.length, hit.tokens, took * 1e3, req.decode_index,
+                 req.request_id, prefix.length, prefix.cached_tokens, took * 1e3, req.decode_index,
                  req.detok_index)  # fmt: skip
 
     def invalid(self, req: GenerateRequest) -> str | None:

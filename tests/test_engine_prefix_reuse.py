@@ -48,6 +48,7 @@ def test_continuation_equals_scratch(engine):
         cached = [a[:, :m] for a in donor.kv]
         reused = engine.prefill_cached(prompt, GREEDY, cached)
         assert reused.length == scratch.length == len(prompt)
+        assert (reused.cached_tokens, scratch.cached_tokens) == (m, 0)
         assert reused.first_token == scratch.first_token, (len(prompt), m)
         assert abs(reused.first_logprob - scratch.first_logprob) < 1e-4
         for a, b in zip(reused.kv, scratch.kv, strict=True):
@@ -82,5 +83,6 @@ def test_fake_reuse_is_exact_and_checks_the_cache():
         assert (reused.first_token, reused.first_logprob) == (
             scratch.first_token, scratch.first_logprob)
         np.testing.assert_array_equal(reused.kv[0], scratch.kv[0])
+        assert reused.cached_tokens == m
     with pytest.raises(ValueError, match="not this prompt's prefix"):
         eng.prefill_cached([1] * 40, GREEDY, [eng.prefill([2] * 40, GREEDY).kv[0][:16]])

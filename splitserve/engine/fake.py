@@ -285,9 +285,11 @@ class FakeEngine(Engine):
         cached = [int(x) for x in kv[:, 0]]
         sleep, self.prefill_s = self.prefill_s, self.prefill_s * (len(tokens) - m) / len(tokens)
         try:  # the rest of the prompt after the cached tokens, decoded from the cache
-            return self.prefill([*cached, *tokens[m:]], sampling, out_pos, **options)
+            prefix = self.prefill([*cached, *tokens[m:]], sampling, out_pos, **options)
         finally:
             self.prefill_s = sleep
+        prefix.cached_tokens = m
+        return prefix
 
     def insert(
         self,

@@ -152,6 +152,9 @@ class Prefix:
     # the prompt's token ids, when controls need the history (LogitsControls.needs_history);
     # its last out_pos tokens are the request's output so far
     context: np.ndarray | None = None  # [length] int32
+    # prompt tokens whose KV prefill_cached took as given rather than computed (0 when it
+    # computed them all: prefill(), or a prefill_cached that could not reuse them)
+    cached_tokens: int = 0
 
 
 @dataclass

@@ -52,7 +52,8 @@ class PrefixReuse:
         **options,
     ) -> Prefix:
         if any(v is not None for v in options.values()):
-            # logits controls go through prefill's own path (which owns their processing)
+            # logits controls go through prefill's own path (which owns their processing);
+            # its Prefix says nothing was reused (cached_tokens 0)
             return self.prefill(tokens, sampling, out_pos, **options)
         ids = self._check_prompt(tokens)
         cfg = self.cfg
@@ -78,4 +79,5 @@ class PrefixReuse:
         kv = [np.concatenate([old, np.asarray(fresh[:, :n], self.cache_dtype)], axis=1)
               for old, fresh in ((ck, k_np), (cv, v_np))]  # fmt: skip
         return Prefix(kv=kv, length=len(ids), first_token=int(np.asarray(tok)[0]),
-                      first_logprob=float(np.asarray(lp)[0]), out_pos=out_pos)  # fmt: skip
+                      first_logprob=float(np.asarray(lp)[0]), out_pos=out_pos,
+                      cached_tokens=m)  # fmt: skip
