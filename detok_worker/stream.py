@@ -29,6 +29,7 @@ class Stream:
     finish_reason: FinishReason = FinishReason.NONE
     stopped_by_string: bool = False  # the decode worker must then be told to free the slot
     prompt_logprobs: PromptScores | None = None  # passed on with the first delta
+    cached_tokens: int = 0  # likewise: the prompt tokens the prefill found in its prefix cache
 
     @classmethod
     def open(
@@ -71,6 +72,7 @@ class Stream:
             return None
         delta = TextDelta(self.request_id, self.epoch, self.next_seq, "", [], [])
         delta.prompt_logprobs, self.prompt_logprobs = self.prompt_logprobs, None
+        delta.cached_tokens, self.cached_tokens = self.cached_tokens, 0
         pieces: list[str] = []
         while not self.finish_reason and self.next_seq in self.waiting:
             token, logprob, finish, top = self.waiting.pop(self.next_seq)

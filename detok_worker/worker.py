@@ -154,6 +154,7 @@ class DetokWorker(WorkerLoop):
             rid, opened.epoch, opened.decode_index, opened.detok, opened.logprobs, self.table
         )
         stream.prompt_logprobs = opened.prompt_logprobs
+        stream.cached_tokens = opened.cached_tokens
         self.streams[rid] = stream
         self.opened.append(rid)
         self.take_early(stream)

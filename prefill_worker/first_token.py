@@ -25,20 +25,23 @@ class FirstToken:
             return req.controls.outside(self.engine.vocab_size)
         return None
 
-    def prefill(self, req: GenerateRequest) -> Prefix:
-        """engine.prefill with the request's controls and first mask; ValueError (GrammarError
-        included) when it cannot run."""
-        if req.controls is None and not req.grammar:
-            return self.engine.prefill(req.prompt, req.sampling, out_pos=req.start_seq)
-        mask = None
-        if req.grammar:
-            ends = [*req.stop.eos_ids, *req.stop.stop_token_ids]
-            grammar = GrammarState(ready(self.vocabulary), req.grammar, ends)
-            grammar.replay(output_so_far(req))
-            mask = grammar.mask()
-        return self.engine.prefill(  # type: ignore[call-arg]
-            req.prompt, req.sampling, out_pos=req.start_seq, controls=req.controls, mask=mask
-        )
+    def prefill(self, req: GenerateRequest, cached_kv: list | None = None) -> Prefix:
+        """engine.prefill with the request's controls and first mask, or engine.prefill_cached
+        when the KV of the prompt's start is given; ValueError (GrammarError included) when it
+        cannot run."""
+        options = {}
+        if req.controls is not None or req.grammar:
+            mask = None
+            if req.grammar:
+                ends = [*req.stop.eos_ids, *req.stop.stop_token_ids]
+                grammar = GrammarState(ready(self.vocabulary), req.grammar, ends)
+                grammar.replay(output_so_far(req))
+                mask = grammar.mask()
+            options = {"controls": req.controls, "mask": mask}
+        if cached_kv is not None:
+            return self.engine.prefill_cached(req.prompt, req.sampling, cached_kv,
+                                              out_pos=req.start_seq, **options)  # fmt: skip
+        return self.engine.prefill(req.prompt, req.sampling, out_pos=req.start_seq, **options)
 
     @staticmethod
     def context(req: GenerateRequest) -> list[int]:

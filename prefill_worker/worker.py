@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from prefill_worker.first_token import FirstToken
+from prefill_worker.prefix_reuse import PrefixReuse
 from splitserve import protocol
 from splitserve.engine.interface import Prefix
 from splitserve.grammar import vocabulary
@@ -54,6 +55,7 @@ class PrefillWorker(WorkerLoop):
         self.first = FirstToken(
             self.engine, vocabulary.for_model(config.model, self.engine.vocab_size)
         )
+        self.reuse = PrefixReuse(self.engine, config.model)
         self.decodes = [
             self.connect(endpoint, "prefill_to_decode") for endpoint in config.addresses.decode
         ]
@@ -95,8 +97,9 @@ class PrefillWorker(WorkerLoop):
             self.fail([req.request_id], [req.epoch], problem)
             return
         start = time.perf_counter()
+        hit = self.reuse.lookup(req)
         try:
-            prefix = self.first.prefill(req)
+            prefix = self.first.prefill(req, hit.kv)
         except ValueError as exc:  # a request the engine cannot run (too long, bad params)
             self.fail([req.request_id], [req.epoch], f"prefill failed: {exc}")
             return
@@ -105,14 +108,16 @@ class PrefillWorker(WorkerLoop):
         finish = token_finish(
             req.stop, prefix.first_token, generated, prefix.length + 1, self.engine.max_seq_len
         )
-        self.send_first_token(req, prefix, finish)
+        self.send_first_token(req, prefix, finish, prefix.cached_tokens)
         if finish == TokenFinish.NONE:
             self.send_prefix(req, prefix)
         # bookkeeping after the sends: nothing here delays the first token
+        self.reuse.store(req, prefix, hit)
         self.prefill_time.observe(took)
         self.prefills += 1
-        log.info("%s prefilled: %d tokens in %.1f ms, decode %d, detok %d", req.request_id,
-                 prefix.length, took * 1e3, req.decode_index, req.detok_index)  # fmt: skip
+        log.info("%s prefilled: %d tokens (%d cached) in %.1f ms, decode %d, detok %d",
+                 req.request_id, prefix.length, prefix.cached_tokens, took * 1e3, req.decode_index,
+                 req.detok_index)  # fmt: skip
 
     def invalid(self, req: GenerateRequest) -> str | None:
         """Why this request cannot be prefilled here, if it cannot."""
@@ -126,13 +131,16 @@ class PrefillWorker(WorkerLoop):
             return "start_seq must be >= 0"
         return self.first.refusal(req)
 
-    def send_first_token(self, req: GenerateRequest, prefix: Prefix, finish: TokenFinish) -> None:
-        """The sampled token to the stamped detok worker; at position 0 it opens the stream."""
+    def send_first_token(
+        self, req: GenerateRequest, prefix: Prefix, finish: TokenFinish, cached: int
+    ) -> None:
+        """The sampled token to the stamped detok worker; at position 0 it opens the stream
+        (with the count of prompt tokens the prefix cache held: the client's cached_tokens)."""
         rid = req.request_id
         opens = []
         if req.start_seq == 0:
             opens.append(OpenStream(rid, req.epoch, req.decode_index, req.detok, req.logprobs,
-                                    self.first.prompt_scores(prefix)))  # fmt: skip
+                                    self.first.prompt_scores(prefix), cached))  # fmt: skip
         top = self.first.alternatives(prefix)
         first = TokenBatch(
             Source.PREFILL, self.prefills + 1, [rid], [req.epoch], [req.start_seq],
@@ -170,6 +178,7 @@ class PrefillWorker(WorkerLoop):
             prefills=self.prefills,
             kv_bytes_sent=self.kv_bytes_sent,
             prefill_time=self.prefill_time.snapshot(),
+            **self.reuse.figures(),
         )
 
     def idle(self) -> bool:

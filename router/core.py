@@ -82,7 +82,8 @@ class RouterCore:
         self.workers = WorkerTable(config.addresses, config.lifecycle.liveness_timeout_s)
         self.requests = RequestTable(config.lifecycle.state_ttl_s)
         affinity = None
-        if config.model.prefix_cache and config.count("prefill") > 1:
+        if (config.model.prefix_cache and config.router.prefix_affinity
+                and config.count("prefill") > 1):  # fmt: skip
             affinity = PrefixAffinity(config.model.prefix_block_tokens)
         self.placement = Placement(
             self.workers, config.slots_of, config.router.placement, affinity

@@ -105,7 +105,7 @@ class MessageDispatch:
             self.prefilled(handle)
             previous = handle.first_token_at and handle.last_progress
             handle.push(Delta(d.text, d.token_ids, d.logprobs, d.top_ids, d.top_logprobs,
-                              d.prompt_logprobs))  # fmt: skip
+                              d.prompt_logprobs, d.cached_tokens))  # fmt: skip
             self.metrics.delta(handle, len(d.token_ids), now, previous)
             if d.finish_reason:
                 self.end(handle, d.finish_reason, "")

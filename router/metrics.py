@@ -11,9 +11,8 @@ Two families, so that tools written for vLLM read this server as they read vLLM:
 
 The `vllm:` names are listed in VLLM_SERIES, which the tests and the Grafana dashboard's test
 read. Prefix-cache queries and hits (`vllm:prefix_cache_queries`, `vllm:prefix_cache_hits`,
-counters of tokens) come with the prefix cache: the prefill workers' PrefillLoad will carry the
-counts, WorkerCollector.prefix_cache (router/worker_metrics.py) exports their sum, and their
-names join VLLM_SERIES.
+counters of prompt tokens) come from the prefill workers' PrefillLoad: WorkerCollector.prefix_cache
+(router/worker_metrics.py) exports their sum.
 """
 
 from __future__ import annotations
@@ -57,6 +56,8 @@ VLLM_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm:request_inference_time_seconds": ("histogram", ()),
     "vllm:request_prefill_time_seconds": ("histogram", ()),
     "vllm:request_decode_time_seconds": ("histogram", ()),
+    "vllm:prefix_cache_queries": ("counter", ()),  # from the prefill workers' heartbeats
+    "vllm:prefix_cache_hits": ("counter", ()),
 }
 LABELS = ("model_name", "engine")
 # why admission refused a request (router/admission.py, router/core.py)

@@ -4,8 +4,9 @@ and stamped on it; later hops read the stamps and never choose.
 - Detok worker: the hash ring over the live detok workers, by request id (splitserve.hashring),
   so that the choice is stable and spreads evenly; a ring change moves only ~1/N of new requests.
 - Prefill worker: the live one with the least prefill work ahead of the prompt's first token:
-  the prompt tokens already placed there and not yet prefilled, plus this prompt's tokens less
-  those the worker likely has cached (router/prefix_affinity.py, when prefix caching is on).
+  the tokens the prompts placed there and not yet prefilled will compute, plus this prompt's
+  tokens, each less those the worker likely has cached (router/prefix_affinity.py, when prefix
+  caching is on: a queued prompt whose prefix is cached there costs only its rest).
   Time to first token is queueing behind other prompts, and a prompt's cost follows the tokens
   it computes, so the least work is the shortest wait; a worker whose queue grows past what its
   cached prefix saves stops being chosen, so one hot prefix cannot pile onto one worker (the
@@ -64,7 +65,7 @@ class Placement:
         self.affinity = affinity
         self.slots_of = slots_of  # decode index -> its slots
         self.ring = HashRing([])
-        self.prefill_tokens: dict[int, int] = {}  # prompt tokens placed and not yet prefilled
+        self.prefill_tokens: dict[int, int] = {}  # tokens placed, not yet prefilled, uncached
         self.decode_requests: dict[int, int] = {}  # requests placed and not ended
         self._turns = {role: itertools.count() for role in ("prefill", "decode")}
 
@@ -97,9 +98,10 @@ class Placement:
             "decode", lambda d: self.decode_requests.get(d, 0) - self.slots_of(d)
         )
         handle.stamp = Stamp(epoch, prefill, decode, self.detok_for(handle.request_id))
+        handle.prefill_work = tokens - cached(prefill)  # before this prompt's own record
         if keys:
             self.affinity.record(keys, prefill)
-        self.prefill_tokens[prefill] = self.prefill_tokens.get(prefill, 0) + tokens
+        self.prefill_tokens[prefill] = self.prefill_tokens.get(prefill, 0) + handle.prefill_work
         self.decode_requests[decode] = self.decode_requests.get(decode, 0) + 1
         handle.placed = True
         handle.prefill_pending = True
@@ -108,7 +110,7 @@ class Placement:
         """The request's prefill is done (a first token of its epoch came): off that queue."""
         if handle.prefill_pending:
             handle.prefill_pending = False
-            self.prefill_tokens[handle.stamp.prefill] -= _prefill_tokens(handle)
+            self.prefill_tokens[handle.stamp.prefill] -= handle.prefill_work
 
     def release(self, handle: RequestHandle) -> None:
         """The request ended or moves on: it no longer counts where it was placed."""

@@ -86,6 +86,7 @@ class Delta:
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
     prompt_logprobs: Any = None  # protocol.PromptScores
+    cached_tokens: int = 0  # with the first: prompt tokens the prefill found cached
 
 
 @dataclass
@@ -127,6 +128,7 @@ class RequestHandle:
     waiting_since: float | None = None  # set while no live worker can take it (a move waits)
     placed: bool = False  # counted on the workers of its stamp (router/placement.py)
     prefill_pending: bool = False  # placed on a prefill worker, first token of the epoch not in
+    prefill_work: int = 0  # the tokens its prefill was counted as computing there (placement)
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     _sink: Callable[[Delta | None], None] | None = None
 

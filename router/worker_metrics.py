@@ -30,11 +30,22 @@ from splitserve.protocol import DecodeLoad, DetokLoad, HistogramSnapshot, Prefil
 PREFILL_GAUGES = (
     ("splitserve_prefill_queue", "Requests waiting for their prefill", "queue"),
     ("splitserve_prefill_queued_tokens", "Prompt tokens of the requests waiting", "queued_tokens"),
-)
+    ("splitserve_prefix_cache_blocks", "KV blocks in the prefix cache", "prefix_blocks"),
+    ("splitserve_prefix_cache_bytes", "Bytes of the prefix cache's blocks", "prefix_bytes"),
+    ("splitserve_prefix_cache_max_bytes", "The prefix cache's byte bound", "prefix_max_bytes"),
+    ("splitserve_prefix_cache_check",
+     "The prefix cache's invariants: 1 hold, 0 broken, -1 not checked (off or too large)",
+     "prefix_check"),
+)  # fmt: skip
 PREFILL_COUNTERS = (
     ("splitserve_prefills", "Prefills run", "prefills"),
     ("splitserve_kv_sent_bytes", "KV cache bytes sent to decode workers", "kv_bytes_sent"),
-)
+    ("splitserve_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+     "prefix_queries"),
+    ("splitserve_prefix_cache_hits", "Prompt tokens found in the prefix cache", "prefix_hits"),
+    ("splitserve_prefix_cache_evicted_blocks", "Blocks evicted from the prefix cache",
+     "prefix_evicted"),
+)  # fmt: skip
 PREFILL_HISTOGRAMS = (
     ("splitserve_prefill_seconds",
      "Prefill duration (engine.prefill of one prompt, first token sampled)", "prefill_time"),
@@ -93,11 +104,22 @@ class WorkerCollector:
         yield from self.prefix_cache([w for w in workers if w.role == "prefill"])
 
     def prefix_cache(self, prefills: list[WorkerState]) -> Iterator[Metric]:
-        """vllm:prefix_cache_queries and vllm:prefix_cache_hits (counters, in tokens, summed
-        over the prefill workers) belong here once the prefill workers keep a prefix cache and
-        their PrefillLoad reports the counts; until then nothing is exported, rather than zeros
-        that would read as a cache that never hits."""
-        return iter(())
+        """vllm:prefix_cache_queries and vllm:prefix_cache_hits: counters, in prompt tokens,
+        summed over the prefill workers that keep a cache (a worker's restart starts its own
+        counts again, as vLLM's do). With no cache anywhere nothing is exported, rather than
+        zeros that would read as a cache that never hits."""
+        loads = [w.load for w in prefills
+                 if isinstance(w.load, PrefillLoad) and w.load.prefix_max_bytes]  # fmt: skip
+        if not loads:
+            return
+        for name, doc, attr in (
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in prompt tokens",
+             "prefix_queries"),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens", "prefix_hits"),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, doc, labels=["model_name", "engine"])
+            family.add_metric(list(self.ids), float(sum(getattr(x, attr) for x in loads)))
+            yield family
 
     def kv_cache_usage(self, decodes: list[WorkerState]) -> Metric:
         held = capacity = 0

@@ -40,6 +40,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, help="decode slots per decode worker (default 16)")
     p.add_argument("--max-seq-len", "--max-model-len", type=int, dest="max_seq_len",
                    help="context length: prompt plus output tokens (default 2048)")
+    p.add_argument("--enable-prefix-caching", dest="prefix_cache", action="store_true",
+                   default=None, help="reuse the KV of prompts' shared beginnings (the default)")
+    p.add_argument("--no-enable-prefix-caching", "--no-prefix-cache", dest="prefix_cache",
+                   action="store_false", help="compute every prompt from its first token")
     p.add_argument("--host", help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     add_api_key_args(p)
@@ -103,6 +107,7 @@ def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
                 "max_seq_len": args.max_seq_len,
                 "chat_template": getattr(args, "chat_template", None),
                 "compile_cache_dir": args.compilation_cache_dir,
+                "prefix_cache": getattr(args, "prefix_cache", None),
             },
             "cluster": {
                 "mode": args.mode,

@@ -60,6 +60,7 @@ from splitserve.config_checks import (
     WORKER_ROLES,
     check_addresses,
     check_connection_limits,
+    check_prefix_cache,
     check_private,
     check_transport_security,
     parse_role_cpus,
@@ -92,8 +93,12 @@ class ModelConfig:
     # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its
     # longest cached block run does not cover
     prefix_cache: bool = True
-    prefix_cache_mb: int = 256
+    prefix_cache_mb: float = 256  # MiB; a fraction for a small bound (tests of eviction)
     prefix_block_tokens: int = 16
+    # the JAX engine's prefill length buckets (empty: powers of two from 16, then max_seq_len);
+    # with the prefix cache on, each pair of them is a continuation program to compile, so a
+    # deployment with known prompt lengths may name fewer
+    prefill_buckets: tuple[int, ...] = ()
     # fake engine only: seconds each decode step and each prefill take (simulated compute)
     fake_step_s: float = 0.0
     fake_prefill_s: float = 0.0
@@ -124,6 +129,10 @@ class RouterConfig:
     # how the router picks prefill and decode workers (router/placement.py): "load" (fewest
     # prompt tokens queued; most free slots), or "round_robin" (a baseline for benchmarks)
     placement: str = "load"
+    # with several prefill workers and the prefix cache on, "load" counts the tokens a worker
+    # likely has cached as work it need not do (router/prefix_affinity.py); false: load alone
+    # (the baseline splitserve/bench/prefix.py measures it against)
+    prefix_affinity: bool = True
     api_key: str = ""  # the key itself, read from api_key_file (never written to a child's file)
     api_key_file: str = ""  # a file holding the key, readable by its owner only (0600)
     # /metrics without the API key (as vLLM serves it), for scrapers; /health is always open
@@ -353,6 +362,7 @@ def config_from_dict(
     check_connection_limits(router)
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
+    check_prefix_cache(model)
     return ClusterConfig(
         model=model,
         router=router,
@@ -408,5 +418,3 @@ def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
         },
         "hosts": config.hosts,
     }
-
-

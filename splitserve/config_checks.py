@@ -120,3 +120,25 @@ def check_addresses(addresses: Any) -> None:
             raise ValueError(f"{where} and {seen[endpoint]} are both {endpoint!r}: each receiver"
                              " needs an endpoint of its own")  # fmt: skip
         seen[endpoint] = where
+
+
+def check_prefix_cache(model: Any) -> None:
+    """The prefix cache's keys, at load: a prefill worker would otherwise fail (or keep nothing)
+    only once traffic comes."""
+    if not isinstance(model.prefix_cache, bool):
+        raise ValueError("[model] prefix_cache must be true or false")
+    mb, block = model.prefix_cache_mb, model.prefix_block_tokens
+    if isinstance(mb, bool) or not isinstance(mb, int | float) or not 0 <= mb <= 1 << 20:
+        raise ValueError("[model] prefix_cache_mb must be a size in MiB, 0 to 1048576")
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 4096:
+        raise ValueError("[model] prefix_block_tokens must be a count of tokens, 1 to 4096")
+    if model.prefix_cache and block >= model.max_seq_len:
+        raise ValueError("[model] prefix_block_tokens must be below max_seq_len")
+    buckets = model.prefill_buckets
+    if buckets and (
+        not all(type(b) is int for b in buckets)
+        or list(buckets) != sorted(set(buckets))
+        or buckets[0] < 1
+        or buckets[-1] != model.max_seq_len
+    ):
+        raise ValueError("[model] prefill_buckets must ascend from >= 1 and end at max_seq_len")

@@ -89,7 +89,7 @@ stops = st.builds(StopCriteria, st.integers(1, 2**31 - 1), tokens, st.booleans()
 detoks = st.builds(DetokParams, st.booleans(), st.lists(st.text(min_size=1, max_size=8),
                    max_size=protocol.MAX_WIRE_STOPS), st.booleans(), tokens)  # fmt: skip
 opens = st.builds(OpenStream, ids, tokens, tokens, detoks, st.booleans(),
-                  st.none() | prompt_scores())  # fmt: skip
+                  st.none() | prompt_scores(), tokens)  # fmt: skip
 reasons = st.sampled_from([protocol.FinishReason.NONE, protocol.FinishReason.STOP,
                            protocol.FinishReason.LENGTH])  # fmt: skip
 
@@ -100,7 +100,7 @@ def deltas(draw):
     lps = draw(st.just([]) | st.lists(logprobs, min_size=len(toks), max_size=len(toks)))
     return TextDelta(draw(ids), draw(tokens), draw(tokens), draw(st.text()), toks, lps,
                      draw(reasons), *draw(alternatives(len(toks))),
-                     draw(st.none() | prompt_scores()))  # fmt: skip
+                     draw(st.none() | prompt_scores()), draw(tokens))  # fmt: skip
 
 
 @st.composite
@@ -113,7 +113,8 @@ def histograms(draw):
 
 
 transports = st.builds(protocol.TransportCounters, counts, counts, counts, counts)
-prefill_loads = st.builds(protocol.PrefillLoad, counts, counts, counts, counts, histograms())
+prefill_loads = st.builds(protocol.PrefillLoad, counts, counts, counts, counts, histograms(),
+                          *[counts] * 6, st.integers(-1, 1))  # fmt: skip
 decode_loads = st.builds(protocol.DecodeLoad, *[counts] * 12, histograms(), histograms(),
                          histograms())  # fmt: skip
 detok_loads = st.builds(protocol.DetokLoad, *[counts] * 8, histograms())

@@ -38,6 +38,7 @@ class Choice:
     top_ids: list[list[int]] = field(default_factory=list)  # alternatives, when asked for
     top_logprobs: list[list[float]] = field(default_factory=list)
     prompt_scores: Any = None  # protocol.PromptScores, when prompt logprobs were asked for
+    cached_tokens: int = 0  # prompt tokens its prefill took from the prefix cache
 
     @property
     def result(self) -> Result | None:
@@ -52,6 +53,8 @@ class Choice:
             self.top_logprobs.extend(delta.top_logprobs)
         if delta.prompt_logprobs is not None:
             self.prompt_scores = delta.prompt_logprobs
+        if delta.cached_tokens:
+            self.cached_tokens = delta.cached_tokens
 
 
 class Generation:
@@ -160,7 +163,16 @@ class Generation:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens()},
         }
+
+    def cached_tokens(self) -> int:
+        """Per prompt, its first choice's cached tokens (prompt_tokens counts each prompt once,
+        though each choice ran its own prefill)."""
+        first: dict[int, int] = {}
+        for c in self.choices:
+            first.setdefault(c.prompt_index, c.cached_tokens)
+        return sum(first.values())
 
     # ---- ending ----
     def abort(self) -> None:

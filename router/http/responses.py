@@ -116,7 +116,7 @@ class ResponseOutput:
         u = self.gen.usage()
         return {
             "input_tokens": u["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": u["prompt_tokens_details"],
             "output_tokens": u["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u["total_tokens"],

@@ -31,7 +31,11 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str = "decode") -> E
         configure_jax_runtime(cpu_threads=threads or None)
         if model.compile_cache_dir:
             enable_compilation_cache(model.compile_cache_dir)
-    return build_jax_engine(resolve_model_path(model.path), model.num_slots, model.max_seq_len)
+    return build_jax_engine(
+        resolve_model_path(model.path), model.num_slots, model.max_seq_len,
+        prefill_buckets=tuple(model.prefill_buckets) or None,
+        prefix_reuse=model.prefix_cache and role == "prefill",
+    )  # fmt: skip
 
 
 def resolve_model_path(path: str) -> str:

@@ -200,6 +200,7 @@ def _pick(z: np.ndarray, choice: int, k: int) -> tuple[int, float, np.ndarray, n
 
 class FakeEngine(Engine):
     supports_controls = True
+    supports_prefix_reuse = True  # its KV is the prompt itself: reuse is exact
 
     def __init__(
         self,
@@ -262,6 +263,32 @@ class FakeEngine(Engine):
                 prefix.prompt_logprobs = fake_prompt_logprobs(
                     tokens, vocab, controls.prompt_logprobs
                 )
+        return prefix
+
+    def prefill_cached(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        cached_kv: list[np.ndarray],
+        out_pos: int = 0,
+        **options,
+    ) -> Prefix:
+        """The prompt's first m tokens come from cached_kv, which must be their own KV (the
+        prompt itself): a cache that handed over another prompt's blocks fails loudly here
+        rather than yielding a plausible token. The simulated compute is the uncached share."""
+        (kv,) = cached_kv
+        m = kv.shape[0]
+        if not 0 < m < len(tokens) or kv.shape[1:] != (1,):
+            raise ValueError(f"cached KV of {m} tokens for a prompt of {len(tokens)}")
+        if not np.array_equal(kv[:, 0], np.asarray(tokens[:m], np.float32)):
+            raise ValueError("cached KV is not this prompt's prefix")
+        cached = [int(x) for x in kv[:, 0]]
+        sleep, self.prefill_s = self.prefill_s, self.prefill_s * (len(tokens) - m) / len(tokens)
+        try:  # the rest of the prompt after the cached tokens, decoded from the cache
+            prefix = self.prefill([*cached, *tokens[m:]], sampling, out_pos, **options)
+        finally:
+            self.prefill_s = sleep
+        prefix.cached_tokens = m
         return prefix
 
     def insert(

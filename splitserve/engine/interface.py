@@ -152,6 +152,9 @@ class Prefix:
     # the prompt's token ids, when controls need the history (LogitsControls.needs_history);
     # its last out_pos tokens are the request's output so far
     context: np.ndarray | None = None  # [length] int32
+    # prompt tokens whose KV prefill_cached took as given rather than computed (0 when it
+    # computed them all: prefill(), or a prefill_cached that could not reuse them)
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -201,6 +204,25 @@ class Engine(abc.ABC):
         positions = list(out_pos) if out_pos is not None else [0] * len(prompts)
         return [self.prefill(p, s, pos) for p, s, pos in
                 zip(prompts, samplings, positions, strict=True)]  # fmt: skip
+
+    # whether prefill_cached() reuses the cached KV (an engine without it computes the whole
+    # prompt there: the same Prefix, none of the savings)
+    supports_prefix_reuse: bool = False
+
+    def prefill_cached(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        cached_kv: list[np.ndarray],
+        out_pos: int = 0,
+        **options,
+    ) -> Prefix:
+        """prefill(), given the KV of the prompt's first m tokens (cached_kv: this engine's own
+        arrays, as kv_layout(m) describes them, e.g. cut from an earlier Prefix; 0 < m <
+        len(tokens)): only tokens m.. are computed. The Prefix is the whole prompt's, equal to
+        prefill()'s to float tolerance. `options` are prefill()'s keywords (controls, mask); a
+        request that needs the prompt's logprobs is prefilled from scratch by the caller."""
+        return self.prefill(tokens, sampling, out_pos, **options)
 
     @abc.abstractmethod
     def insert(self, prefix: Prefix, slot: int, sampling: SamplingParams) -> None:

@@ -73,11 +73,12 @@ from splitserve.engine.interface import (
     StepOutput,
     TopLogprobs,
 )
+from splitserve.engine.jax_prefix import PrefixReuse
 from splitserve.engine.llama_config import LlamaConfig, preset
 from splitserve.engine.slot_rows import SlotRows
 
 
-class JaxEngine(Engine):
+class JaxEngine(PrefixReuse, Engine):
     """Llama in JAX behind the Engine interface (see the module docstring)."""
 
     supports_controls = True
@@ -102,6 +103,7 @@ class JaxEngine(Engine):
         param_dtype=jnp.float32,
         cache_dtype=jnp.float32,
         shrink_after_steps: int = 256,
+        prefix_reuse: bool = False,
     ):
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(
@@ -161,6 +163,7 @@ class JaxEngine(Engine):
         self._controls = ControlRows(num_slots, cfg.vocab_size)  # by row
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.rows_moved = 0  # compaction moves so far (a figure for benchmarks)
+        self.prefix_reuse = prefix_reuse  # warm-up compiles prefill_cached's programs too
 
     def _cache_shapes(self, capacity: int) -> tuple[tuple, tuple]:
         c = self.cfg
@@ -236,6 +239,8 @@ class JaxEngine(Engine):
             if steps > 1:
                 args.append(spec((prog.FLOAT_ROWS, batch), f32))
             return prog.jit_decode(cfg, steps, self.attention).lower(*args).compile()
+        if kind == "prefill_cont":  # ("prefill_cont", cached bucket, new bucket)
+            return self.compile_continue(key)
         raise KeyError(key)
 
     def program_keys(self, prefill: bool = True, decode: bool = True) -> list[tuple]:
@@ -247,6 +252,8 @@ class JaxEngine(Engine):
             # a prompt with controls or a first-token mask (prompt logprobs, rare and one
             # program per length, compile on first use)
             keys += [("controls", 1, h) for h in (False, True)]
+            # the prefix cache's continuation programs compile after warm-up, in the background
+            # (jax_prefix.py): one per (cached, new) bucket pair, too many to hold Ready for
         if decode:  # decode samples every row of the batch when some row is not greedy
             keys += [("sample", b, False) for b in self.batch_buckets]
             keys += [("controls", b, h) for b in self.batch_buckets for h in (False, True)]
@@ -288,6 +295,8 @@ class JaxEngine(Engine):
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compile") as pool:
             for key, program in zip(todo, pool.map(compile_one, todo), strict=True):
                 self._programs[key] = program
+        if prefill:
+            self.compile_continuations_in_background()
 
     # -- prefill -----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from splitserve.protocol.messages import (
     Heartbeat,
     HistogramSnapshot,
     OpenStream,
+    PrefillLoad,
     PrefixHeader,
     PromptScores,
     Ready,
@@ -147,7 +148,9 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "first_top_ids": Items(TOKEN, 0, MAX_TOP_LOGPROBS),
         "first_top_logprobs": Items(LOGPROB, 0, MAX_TOP_LOGPROBS),
     },
-    OpenStream: {"request_id": RID, "epoch": TOKEN, "decode_index": TOKEN},
+    OpenStream: {
+        "request_id": RID, "epoch": TOKEN, "decode_index": TOKEN, "cached_tokens": TOKEN,
+    },
     TokenBatch: {
         "request_ids": RIDS,
         "epochs": TOKENS,
@@ -170,7 +173,9 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         ),
         "top_ids": TOP_IDS,
         "top_logprobs": TOP_LOGPROBS,
+        "cached_tokens": TOKEN,
     },
+    PrefillLoad: {"prefix_check": Int(-1, 1)},
     Abort: {"request_ids": RIDS, "epochs": TOKENS},
     Finish: {"request_ids": RIDS, "epochs": TOKENS},
     RequestFailed: {"request_ids": RIDS, "epochs": TOKENS, "role": ROLE},

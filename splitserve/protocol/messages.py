@@ -13,7 +13,9 @@ from splitserve.engine.interface import (
     SamplingParams,
 )
 
-PROTOCOL_VERSION = 5  # 5: logits controls, grammars, top and prompt logprobs; 4: incarnations
+# 6: prefix cache (cached_tokens, PrefillLoad's prefix_*); 5: logits controls, grammars, top and
+# prompt logprobs; 4: incarnations
+PROTOCOL_VERSION = 6
 
 
 class TokenFinish(enum.IntEnum):
@@ -153,6 +155,7 @@ class OpenStream:
     detok: DetokParams
     logprobs: bool
     prompt_logprobs: PromptScores | None = None
+    cached_tokens: int = 0  # prompt tokens the prefill took from its prefix cache
 
 
 @dataclass
@@ -191,6 +194,7 @@ class TextDelta:
     top_ids: list[list[int]] = field(default_factory=list)  # as TokenBatch's, per token_ids
     top_logprobs: list[list[float]] = field(default_factory=list)
     prompt_logprobs: PromptScores | None = None  # on the delta of output position 0
+    cached_tokens: int = 0  # on the delta of output position 0: OpenStream's
 
 
 @dataclass
@@ -300,6 +304,16 @@ class PrefillLoad:
     prefills: int  # run since start
     kv_bytes_sent: int  # KV cache bytes sent to decode workers since start
     prefill_time: HistogramSnapshot
+    # the prefix cache (prefill_worker/prefix_reuse.py): prompt tokens looked up and found
+    # cached since start (vLLM's prefix_cache_queries and _hits), blocks and bytes held, the
+    # byte bound, and its invariants: 1 hold, 0 broken, -1 not checked (off, or too large)
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prefix_blocks: int = 0
+    prefix_bytes: int = 0
+    prefix_max_bytes: int = 0
+    prefix_evicted: int = 0  # blocks evicted since start
+    prefix_check: int = -1
 
 
 @dataclass
