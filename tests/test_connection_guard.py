@@ -20,9 +20,13 @@ class Conn:
         self.peer = peer
         self.counted = False
         self.closed = False
+        self.unread = False  # bytes in the kernel that the server has not read yet
 
     def close_quietly(self) -> None:
         self.closed = True
+
+    def has_unread_bytes(self) -> bool:
+        return self.unread
 
 
 @pytest.fixture
@@ -204,5 +208,32 @@ def test_headers_are_timed_from_when_the_connection_became_free(clock):
         clock[0] += 2
         guard.sweep()
         assert c.closed
+
+    guarded(test)
+
+
+def test_a_connection_whose_bytes_wait_unread_is_not_timed_out(clock):
+    """Its client sent in time; the server's loop, running late on a loaded machine, has not read
+    the bytes yet: the delay is the server's, and the connection gets one timeout more."""
+
+    def test(guard):
+        c = Conn("a")
+        guard.admit(c)
+        c.unread = True
+        clock[0] += 11  # past the header timeout
+        guard.sweep()
+        assert not c.closed
+        c.unread = False  # read now, and still no whole header: the client's stall after all
+        guard.sweep()
+        assert c.closed
+        trickler = Conn("b")
+        guard.admit(trickler)
+        trickler.unread = True  # always a byte unread: no way around the timeout for long
+        clock[0] += 19
+        guard.sweep()
+        assert not trickler.closed
+        clock[0] += 2  # past two timeouts
+        guard.sweep()
+        assert trickler.closed
 
     guarded(test)

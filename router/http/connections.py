@@ -13,7 +13,9 @@ hooks):
 
 A waiting connection whose request headers are not complete within header_timeout_s of it
 becoming free is closed; so is one whose body makes no progress for body_timeout_s (its request
-then ends as the client's disconnect, a 499 in the log).
+then ends as the client's disconnect, a 499 in the log). A connection whose client's bytes wait
+unread in the kernel gets one timeout more: on a loaded machine the server's loop can run
+seconds late, and that delay is the server's, not the client's.
 
 A new connection beyond max_connections_per_peer (from one client address) is refused (429): a
 client sharing an address with a flood shares its limit. A new connection beyond max_connections
@@ -32,10 +34,13 @@ requests out.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import json
 import logging
 import resource
+import sys
+import termios
 import time
 from collections.abc import Callable
 from typing import Any
@@ -184,7 +189,14 @@ class ConnectionGuard:
         of at most max_connections entries twice a second)."""
         now = time.monotonic()
         timeouts = self.timeouts
-        expired = [p for p, (since, state) in self.waiting.items() if now - since > timeouts[state]]
+        expired = [
+            p for p, (since, state) in self.waiting.items() if now - since > timeouts[state]
+            # bytes that came in time but that this process has not read yet (its loop running
+            # late, on a loaded machine) are the server's delay, not the client's stall; for
+            # one more timeout only, so that a trickle too fast to be caught unread is no way
+            # around the timeout
+            and (now - since > 2 * timeouts[state] or not p.has_unread_bytes())
+        ]  # fmt: skip
         for proto in expired:
             self._close(proto)
         self.counts["timed_out"] += len(expired)
@@ -270,6 +282,17 @@ class GuardedProtocol(HttpToolsProtocol):
             self.guard.busy(self)  # a pipelined request started
         else:
             self.guard.mark(self, QUIET)  # free for its next request
+
+    def has_unread_bytes(self) -> bool:
+        """Bytes from the client wait in the kernel, not read yet (FIONREAD)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self.transport.is_closing():
+            return False
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(waiting, sys.byteorder) > 0
 
     # closing
     def close_quietly(self) -> None:
