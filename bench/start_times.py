@@ -5,6 +5,7 @@ Prints one JSON object: each run's seconds and longest gap, and the medians (a s
 noisy: quote the medians).
 
     .venv/bin/python bench/start_times.py --runs 2            # the default model
+    .venv/bin/python bench/start_times.py --runs 1 --warm-runs 2
     .venv/bin/python bench/start_times.py --runs 2 -- --engine fake --tokenizer DIR
 
 Each cold run gets a fresh --compilation-cache-dir, and a warm run follows it on that cache.
@@ -36,7 +37,7 @@ def one_start(cache_dir: str, extra: list[str], timeout_s: float, log_path: str)
     """Start a stack, read its output to the ready line, stop it: the seconds to ready and the
     longest silence between two output lines before it."""
     cmd = [SERVE, "serve", "--port", str(free_port()), "--compilation-cache-dir", cache_dir,
-           *extra]  # fmt: skip
+           "--ready-timeout", str(timeout_s), *extra]  # fmt: skip
     began = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1, start_new_session=True)  # fmt: skip
@@ -83,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     own = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=2, help="cold runs, each followed by a warm one")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for ready")
+    p.add_argument("--warm-runs", type=int, default=1, help="warm runs after each cold one")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds to wait for ready (serve's own --ready-timeout follows it)")
     p.add_argument("--out", default=None, help="directory for each run's output (a temp dir)")
     args = p.parse_args(own)
     out = args.out or tempfile.mkdtemp(prefix="start-times-")
@@ -96,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 cold.append(one_start(cache, extra, args.timeout, f"{out}/cold-{i}.log"))
                 print(f"cold {i}: {json.dumps(cold[-1])}", file=sys.stderr, flush=True)
-                warm.append(one_start(cache, extra, args.timeout, f"{out}/warm-{i}.log"))
-                print(f"warm {i}: {json.dumps(warm[-1])}", file=sys.stderr, flush=True)
+                for j in range(args.warm_runs):
+                    log = f"{out}/warm-{i}-{j}.log"
+                    warm.append(one_start(cache, extra, args.timeout, log))
+                    print(f"warm {i}.{j}: {json.dumps(warm[-1])}", file=sys.stderr, flush=True)
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
     finally:
