@@ -11,9 +11,11 @@ A request's path through this process:
     stream (detokenization parameters ride along; a resumed stream was reopened by the router). It
     leaves first, because it is what the client is waiting for.
  5. Unless the request already finished, its prefix (the KV cache of the true prompt length as
-    extra frames, plus that token) goes to the stamped decode worker. Should the detok worker end
-    the stream on a stop string before the prefix arrives, its Finish leaves a tombstone at the
-    decode worker, which then drops the prefix.
+    extra frames, plus that token) goes to the stamped decode worker; when the queue to that
+    worker is full (it is dead or stuck: the queue holds about a GiB of the largest prefixes),
+    the prefix is dropped and the request failed, so the router ends it at once. Should the
+    detok worker end the stream on a stop string before the prefix arrives, its Finish leaves a
+    tombstone at the decode worker, which then drops the prefix.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from prefill_worker.prefix_reuse import PrefixReuse
 from splitserve import protocol
 from splitserve.engine.interface import Prefix
 from splitserve.grammar import vocabulary
+from splitserve.message_limits import prefix_send_hwm
 from splitserve.protocol import (
     Abort,
     GenerateRequest,
@@ -56,8 +59,12 @@ class PrefillWorker(WorkerLoop):
             self.engine, vocabulary.for_model(config.model, self.engine.vocab_size)
         )
         self.reuse = PrefixReuse(self.engine, config.model)
+        # a short queue per decode worker, in bytes (message_limits.prefix_send_hwm): prefixes
+        # for a dead or stuck one must not pile up here until this process runs out of memory
+        hwm = prefix_send_hwm(config, self.engine.kv_bytes_per_token)
         self.decodes = [
-            self.connect(endpoint, "prefill_to_decode") for endpoint in config.addresses.decode
+            self.connect(endpoint, "prefill_to_decode", hwm=hwm)
+            for endpoint in config.addresses.decode
         ]
         self.detok_senders("prefill_to_detok")
         self.queue: deque[GenerateRequest] = deque()
@@ -169,6 +176,9 @@ class PrefillWorker(WorkerLoop):
         )
         if self.decodes[req.decode_index].send(header, prefix.kv):
             self.kv_bytes_sent += sum(a.nbytes for a in prefix.kv)
+        else:  # its queue is full: the request would hang until its deadline; say so now
+            self.fail([req.request_id], [req.epoch],
+                      f"prefix dropped: decode worker {req.decode_index} slow or gone")  # fmt: skip
 
     # ---- lifecycle ----
     def load(self) -> PrefillLoad:

@@ -47,8 +47,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     add_api_key_args(p)
-    p.add_argument("--ready-timeout", type=float, default=900.0,
-                   help="seconds to wait for every role to be ready (default 900)")
+    # a cold start of the default model took over 900 s on the 2-core machine under load; the
+    # start says what it is doing meanwhile, so a long wait is no silent hang
+    p.add_argument("--ready-timeout", type=float, default=3600.0,
+                   help="seconds to wait for every role to be ready (default 3600)")
     add_chat_template_arg(p)
     add_operator_args(p)
 

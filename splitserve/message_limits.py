@@ -14,6 +14,7 @@ from splitserve.config import ClusterConfig
 from splitserve.engine.interface import MAX_TOP_LOGPROBS
 from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
 from splitserve.protocol import MAX_WIRE_STOP_CHARS, MAX_WIRE_STOPS
+from splitserve.transport import SEND_HWM
 
 # Room for everything in a control message besides what grows with the context or the batch:
 # ids, sampling and stop parameters, load reports. The stop strings of one request can reach
@@ -59,6 +60,22 @@ def decode_message_bytes(config: ClusterConfig, kv_bytes_per_token: int) -> int:
     whatever way an engine splits them into frames), plus its header."""
     prefix = kv_bytes_per_token * config.model.max_seq_len
     return prefix + HEADER_MARGIN_BYTES + control_message_bytes(config)
+
+
+# What a prefill worker queues, at most, for one decode worker that does not take its prefixes
+# (dead, or slower than the link). ZeroMQ counts a send queue in messages, and at the 100,000 of
+# the control senders a dead decode worker of the default model (94 MB for a prefix as long as
+# the context) would let the prefill worker queue terabytes. Past this a prefix is dropped, and
+# its request failed (prefill_worker/worker.py).
+PREFIX_QUEUE_BYTES = 1 << 30
+MIN_PREFIX_HWM = 2  # a model whose largest prefix is over half the budget still queues two
+
+
+def prefix_send_hwm(config: ClusterConfig, kv_bytes_per_token: int) -> int:
+    """The prefill worker's send queue to each decode worker, in messages: as many of the
+    largest prefixes (the whole context, and its header) as PREFIX_QUEUE_BYTES holds."""
+    largest = kv_bytes_per_token * config.model.max_seq_len + HEADER_MARGIN_BYTES
+    return min(SEND_HWM, max(MIN_PREFIX_HWM, PREFIX_QUEUE_BYTES // largest))
 
 
 def max_message_bytes(role: str, config: ClusterConfig, kv_bytes_per_token: int = 0) -> int:

@@ -24,7 +24,8 @@ from splitserve.security import CurveClient, CurveServer, ZapHandler
 
 log = logging.getLogger(__name__)
 
-SEND_HWM = 100_000  # messages queued per peer before sends start dropping
+SEND_HWM = 100_000  # messages queued per peer before sends start dropping (control messages;
+# the prefill worker's prefix senders queue far fewer: message_limits.prefix_send_hwm)
 RECV_HWM = 100_000
 
 Received = tuple[Any, list[Any], str | None]  # (message, extra frames, sender's name or None)
@@ -93,16 +94,18 @@ class Receiver:
 
 
 class Sender:
-    """A connected PUSH socket whose sends never block (drops are counted)."""
+    """A connected PUSH socket whose sends never block (drops are counted). hwm: the messages
+    it queues for a peer that does not take them (set before connecting: ZeroMQ sizes the
+    queue when it makes it)."""
 
     def __init__(
         self, ctx: zmq.Context, endpoint: str, counters: TransportCounters,
-        curve: CurveClient | None = None,
+        curve: CurveClient | None = None, hwm: int = SEND_HWM,
     ):  # fmt: skip
         self.endpoint = endpoint
         self.socket = ctx.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self.socket.setsockopt(zmq.SNDHWM, hwm)
         if curve is not None:
             curve.apply(self.socket)
         self.socket.connect(endpoint)

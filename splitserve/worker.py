@@ -49,7 +49,7 @@ from splitserve.run_dirs import ensure_private_dir
 from splitserve.security import curve_client, curve_server, sent_by
 from splitserve.startup_log import StartupLog
 from splitserve.tokenizer_path import engine_vocab_size
-from splitserve.transport import Receiver, Sender
+from splitserve.transport import SEND_HWM, Receiver, Sender
 
 RoleLoad = PrefillLoad | DecodeLoad | DetokLoad
 MAX_DETOK_POOL = 256  # as the router's (router/workers.py): a socket each
@@ -154,24 +154,29 @@ class WorkerLoop:
         kv = self.engine.kv_bytes_per_token if self.role == "decode" else 0
         return max_message_bytes(self.role, self.config, kv)
 
-    def connect(self, endpoint: str, path: str, peer: tuple[str, int] | None = None) -> AnySender:
+    def connect(
+        self, endpoint: str, path: str, peer: tuple[str, int] | None = None, *,
+        hwm: int = SEND_HWM,
+    ) -> AnySender:  # fmt: skip
         """A sender to endpoint (the receiver of process `peer`, found from the configured
-        addresses when not given), counted in this worker's transport counters, with whatever
-        faults the environment puts on path (see splitserve.faults); closed when the loop ends."""
-        sender = self.faults.wrap(self.plain_sender(endpoint, self.counters, peer), path)
+        addresses when not given), queueing up to hwm messages, counted in this worker's
+        transport counters, with whatever faults the environment puts on path (see
+        splitserve.faults); closed when the loop ends."""
+        sender = self.faults.wrap(self.plain_sender(endpoint, self.counters, peer, hwm), path)
         self._senders.append(sender)
         return sender
 
     def plain_sender(
-        self, endpoint: str, counters: TransportCounters, peer: tuple[str, int] | None = None
-    ) -> Sender:
+        self, endpoint: str, counters: TransportCounters, peer: tuple[str, int] | None = None,
+        hwm: int = SEND_HWM,
+    ) -> Sender:  # fmt: skip
         """A Sender, with CURVE when the cluster has keys and the endpoint is tcp."""
         peer = peer or self.config.process_at(endpoint)
         keys_dir = self.config.security.keys_dir
         curve = curve_client(keys_dir, endpoint, (self.role, self.index), peer) if peer else None
         if curve is None and keys_dir and endpoint.startswith("tcp://"):
             raise ValueError(f"{endpoint} is no process of the cluster file: no key to reach it")
-        return Sender(self.ctx, endpoint, counters, curve)
+        return Sender(self.ctx, endpoint, counters, curve, hwm)
 
     def detok_senders(self, path: str) -> list[AnySender | None]:
         """One sender per detok worker of the pool, indexed as the requests' detok_index is

@@ -20,9 +20,13 @@ class Conn:
         self.peer = peer
         self.counted = False
         self.closed = False
+        self.unread = False  # bytes in the kernel that the server has not read yet
 
     def close_quietly(self) -> None:
         self.closed = True
+
+    def has_unread_bytes(self) -> bool:
+        return self.unread
 
 
 @pytest.fixture
@@ -147,18 +151,50 @@ def test_forget_is_once(clock):
     guarded(test)
 
 
-def test_connections_part_way_through_a_request_make_room_before_quiet_ones(clock):
+def test_an_upload_under_way_makes_room_only_after_every_waiting_connection(clock):
+    """A flood churning at the total holds mostly fresh, quiet connections; a normal client's
+    one upload, between its headers and its body, used to be the first to go."""
+
     def test(guard):
-        quiet = [Conn(f"q{i}") for i in range(3)]
-        for c in quiet:
-            guard.admit(c)  # the oldest, about to send their requests
-        clock[0] += 1
+        upload = Conn("normal")
+        guard.admit(upload)  # the oldest of all, and its address's only one
+        guard.mark(upload, HEADERS)
+        guard.mark(upload, UPLOADING)
+        waiting = [Conn(f"f{i % 3}") for i in range(5)]
+        for i, c in enumerate(waiting):
+            clock[0] += 1
+            guard.admit(c)
+            if i % 2:
+                guard.mark(c, HEADERS)  # trickling
+        for i in range(len(waiting)):
+            new = Conn(f"n{i}")
+            assert guard.admit(new) is None
+            assert not upload.closed
+            guard.busy(new)  # its whole request came at once
+        assert all(c.closed for c in waiting)
+        assert guard.admit(Conn("late")) is None  # no connection waits: the upload goes
+        assert upload.closed
+
+    guarded(test)
+
+
+def test_quiet_and_trickling_connections_make_room_by_age(clock):
+    """A connection that begins its headers keeps its age: a slowloris trickling headers is no
+    younger than when it connected."""
+
+    def test(guard):
         trickling = [Conn(f"t{i}") for i in range(3)]
         for c in trickling:
+            clock[0] += 1
             guard.admit(c)
-            guard.mark(c, HEADERS)
+        quiet = [Conn(f"q{i}") for i in range(3)]
+        for c in quiet:
+            clock[0] += 1
+            guard.admit(c)
+        for c in trickling:
+            guard.mark(c, HEADERS)  # after the quiet ones connected
         assert guard.admit(Conn("new")) is None
-        assert [c.closed for c in quiet + trickling] == [False] * 3 + [True, False, False]
+        assert [c.closed for c in trickling + quiet] == [True] + [False] * 5
 
     guarded(test)
 
@@ -172,5 +208,32 @@ def test_headers_are_timed_from_when_the_connection_became_free(clock):
         clock[0] += 2
         guard.sweep()
         assert c.closed
+
+    guarded(test)
+
+
+def test_a_connection_whose_bytes_wait_unread_is_not_timed_out(clock):
+    """Its client sent in time; the server's loop, running late on a loaded machine, has not read
+    the bytes yet: the delay is the server's, and the connection gets one timeout more."""
+
+    def test(guard):
+        c = Conn("a")
+        guard.admit(c)
+        c.unread = True
+        clock[0] += 11  # past the header timeout
+        guard.sweep()
+        assert not c.closed
+        c.unread = False  # read now, and still no whole header: the client's stall after all
+        guard.sweep()
+        assert c.closed
+        trickler = Conn("b")
+        guard.admit(trickler)
+        trickler.unread = True  # always a byte unread: no way around the timeout for long
+        clock[0] += 19
+        guard.sweep()
+        assert not trickler.closed
+        clock[0] += 2  # past two timeouts
+        guard.sweep()
+        assert trickler.closed
 
     guarded(test)

@@ -13,26 +13,34 @@ hooks):
 
 A waiting connection whose request headers are not complete within header_timeout_s of it
 becoming free is closed; so is one whose body makes no progress for body_timeout_s (its request
-then ends as the client's disconnect, a 499 in the log).
+then ends as the client's disconnect, a 499 in the log). A connection whose client's bytes wait
+unread in the kernel gets one timeout more: on a loaded machine the server's loop can run
+seconds late, and that delay is the server's, not the client's.
 
 A new connection beyond max_connections_per_peer (from one client address) is refused (429): a
 client sharing an address with a flood shares its limit. A new connection beyond max_connections
-(in all) closes one of the few connections that have waited longest without a whole request: the
-one whose address holds the most waiting connections, so that a flood from many addresses loses
-its own; connections part-way through a request (what a slowloris holds) go before quiet ones
-(what a normal client holds, for the moment before it sends). Only when no connection is waiting
-is the newcomer refused (503). Busy connections are bounded by admission (each holds a
-running or queued request, or is answered at once), so idle and trickling connections can never
-lock complete requests out.
+(in all) closes one of the few connections that have waited longest without their request's
+headers (quiet, or trickling headers: what a slowloris holds): the one whose address holds the
+most waiting connections, so that a flood from many addresses loses its own. A connection whose
+headers are complete and whose body is arriving (what a normal client holds between its headers
+and its body) goes only when no connection is waiting: choosing those first made a flood that
+churns at the total, whose own connections are mostly fresh and quiet, close the normal client's
+one upload again and again. Only when no connection is waiting or uploading is the newcomer
+refused (503). Busy connections are bounded by admission (each holds a running or queued
+request, or is answered at once), so idle and trickling connections can never lock complete
+requests out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import json
 import logging
 import resource
+import sys
+import termios
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,10 +61,9 @@ EVICTION_CANDIDATES = 8  # the longest-waiting connections a victim is chosen fr
 QUIET = "quiet"  # no byte of a request yet: just connected, or kept alive between requests
 HEADERS = "headers"  # a request begun, its headers not complete
 UPLOADING = "uploading"  # headers complete, the body arriving
-# Which connections make room first: those part-way through a request (what a slowloris holds)
-# before quiet ones (a client about to send, or between two requests).
-PARTIAL = (HEADERS, UPLOADING)
-
+# Which connections make room first: those without their headers (quiet or trickling them) in one
+# queue by age, before those uploading a body (a request under way, its client at work).
+WAITING = (QUIET, HEADERS)
 
 class ConnectionGuard:
     """The server's connections by peer and state; see the module docstring."""
@@ -70,8 +77,10 @@ class ConnectionGuard:
         self.by_peer: dict[str, int] = {}
         # connections without a whole request: proto -> (since when its timeout runs, state)
         self.waiting: dict[GuardedProtocol, tuple[float, str]] = {}
-        # the same, in the order they entered their class (partial, quiet): all, and per peer.
-        # A dict keeps insertion order; a change of state or progress re-inserts at the end.
+        # the same, in the order they entered their class (uploading or not): all, and per peer.
+        # A dict keeps insertion order; a change of class or a body's progress re-inserts at the
+        # end; a quiet connection beginning its headers keeps its place (a slowloris's age is
+        # that of its connection, not of its latest byte).
         self.queues: dict[bool, dict[GuardedProtocol, None]] = {True: {}, False: {}}
         self.peer_queues: dict[str, dict[bool, dict[GuardedProtocol, None]]] = {}
         self.counts = {"timed_out": 0, "evicted": 0, "refused": 0}
@@ -105,14 +114,16 @@ class ConnectionGuard:
         now = time.monotonic()
         previous = self.waiting.get(proto)
         since = previous[0] if state == HEADERS and previous is not None else now
-        self._leave_queues(proto, previous)
         self.waiting[proto] = (since, state)
-        partial = state in PARTIAL
-        self.queues[partial][proto] = None
+        uploading = state == UPLOADING
+        if previous is not None and state == HEADERS and previous[1] in WAITING:
+            return  # same class, same place in its queues
+        self._leave_queues(proto, previous)
+        self.queues[uploading][proto] = None
         peer_queues = self.peer_queues.get(proto.peer)
         if peer_queues is None:
             peer_queues = self.peer_queues[proto.peer] = {True: {}, False: {}}
-        peer_queues[partial][proto] = None
+        peer_queues[uploading][proto] = None
 
     def busy(self, proto: GuardedProtocol) -> None:
         """proto has a whole request: it is served, never closed to make room."""
@@ -136,20 +147,21 @@ class ConnectionGuard:
     def _leave_queues(self, proto: GuardedProtocol, entry: tuple[float, str] | None) -> None:
         if entry is None:
             return
-        partial = entry[1] in PARTIAL
-        del self.queues[partial][proto]
+        uploading = entry[1] == UPLOADING
+        del self.queues[uploading][proto]
         peer_queues = self.peer_queues[proto.peer]
-        del peer_queues[partial][proto]
+        del peer_queues[uploading][proto]
         if not peer_queues[True] and not peer_queues[False]:
             del self.peer_queues[proto.peer]
 
     # ---- making room, and timeouts ----
     def _evict_any(self) -> bool:
-        """Close a connection that waits without a whole request (part-way through one first);
-        False if there is none. Among the few that have waited longest, the one whose address
-        holds the most waiting connections: a flood from many addresses then loses its own, not
-        the one connection of a client that happens to be oldest just then."""
-        queue = self.queues[True] or self.queues[False]
+        """Close a connection without a whole request (one without its headers first, one
+        uploading a body only when there is none); False if there is none. Among the few that
+        have waited longest, the one whose address holds the most such connections: a flood
+        from many addresses then loses its own, not the one connection of a client that happens
+        to be oldest just then."""
+        queue = self.queues[False] or self.queues[True]
         if not queue:
             return False
         oldest = list(itertools.islice(queue, EVICTION_CANDIDATES))
@@ -177,7 +189,14 @@ class ConnectionGuard:
         of at most max_connections entries twice a second)."""
         now = time.monotonic()
         timeouts = self.timeouts
-        expired = [p for p, (since, state) in self.waiting.items() if now - since > timeouts[state]]
+        expired = [
+            p for p, (since, state) in self.waiting.items() if now - since > timeouts[state]
+            # bytes that came in time but that this process has not read yet (its loop running
+            # late, on a loaded machine) are the server's delay, not the client's stall; for
+            # one more timeout only, so that a trickle too fast to be caught unread is no way
+            # around the timeout
+            and (now - since > 2 * timeouts[state] or not p.has_unread_bytes())
+        ]  # fmt: skip
         for proto in expired:
             self._close(proto)
         self.counts["timed_out"] += len(expired)
@@ -263,6 +282,17 @@ class GuardedProtocol(HttpToolsProtocol):
             self.guard.busy(self)  # a pipelined request started
         else:
             self.guard.mark(self, QUIET)  # free for its next request
+
+    def has_unread_bytes(self) -> bool:
+        """Bytes from the client wait in the kernel, not read yet (FIONREAD)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self.transport.is_closing():
+            return False
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(waiting, sys.byteorder) > 0
 
     # closing
     def close_quietly(self) -> None:
