@@ -249,8 +249,12 @@ def test_not_ready_holds_nothing(tokenizer_512):
     run(body())
 
 
-def test_an_engine_without_logits_controls_refuses_requests_that_need_them(tokenizer_512):
-    """The router says 400 before anything is held, instead of a worker failing the request."""
+def test_an_engine_without_logits_controls_refuses_requests_that_need_them(
+    tokenizer_512, monkeypatch
+):
+    """The router says 400 before anything is held, instead of a worker failing the request.
+    (Both engines apply controls now: the JAX engine is marked without them here.)"""
+    monkeypatch.setattr("router.core.supports_controls", lambda engine: engine != "jax")
     tok = load_tokenizer(tokenizer_512)
     config = make_config(tokenizer_512, model={"engine": "jax", "path": "random:tiny-7m"})
     core = RouterCore(config, tok.vocab_size, tok.eos_ids, ctx=zmq.Context.instance())

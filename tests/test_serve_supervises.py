@@ -91,9 +91,9 @@ def _streaming(serve: Serve, futures, tokens: int) -> None:
 
 def _delivered(serve: Serve) -> float:
     text = serve.http.get("/metrics").text
-    for line in text.splitlines():
-        if line.startswith("splitserve_generation_tokens_total "):
-            return float(line.split()[1])
+    for line in text.splitlines():  # vLLM's name, with its model_name and engine labels
+        if line.startswith("vllm:generation_tokens_total{"):
+            return float(line.rsplit(" ", 1)[1])
     return 0.0
 
 

@@ -4,7 +4,6 @@ models they were built from, SmolLM2's real vocabulary, chat templates, the synt
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -293,15 +292,13 @@ def test_synthetic_tokenizer_has_exactly_the_asked_vocab(fixture, request):
     assert tok.decode(ids, skip_special_tokens=False) == prompt
 
 
-def test_synthetic_tokenizer_is_fast_deterministic_and_cached(tmp_path, tokenizer_8000):
-    start = time.perf_counter()
+def test_synthetic_tokenizer_is_deterministic_and_cached(tmp_path, tokenizer_8000):
+    # outcomes only: the same bytes as another build, and a second call that writes nothing
     path = build_synthetic_tokenizer(str(tmp_path / "a"), 8000)
-    assert time.perf_counter() - start < 10  # about 1.5 s on one core; generous for CI
     with open(path, "rb") as f, open(tokenizer_8000, "rb") as g:
         assert f.read() == g.read()
     mtime = os.stat(path).st_mtime_ns
-    start = time.perf_counter()
     assert build_synthetic_tokenizer(str(tmp_path / "a"), 8000) == path
-    assert time.perf_counter() - start < 1 and os.stat(path).st_mtime_ns == mtime
+    assert os.stat(path).st_mtime_ns == mtime
     with pytest.raises(ValueError):
         build_synthetic_tokenizer(str(tmp_path / "b"), 100)
