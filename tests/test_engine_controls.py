@@ -225,3 +225,32 @@ def test_several_steps_per_call_are_refused_while_a_slot_has_controls(engine):
     assert engine.controlled
     with pytest.raises(ValueError, match="one step per call"):
         engine.generate_many(1)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "seeded"])
+def test_one_controlled_row_changes_nothing_for_the_plain_rows(mode):
+    """The controls program runs on the controlled rows only (gathered, padded to a count
+    bucket): the plain rows of the batch get exactly their tokens and logprobs of a batch
+    without controls, and the controlled row exactly what it gets alone. One batch size, so
+    that alone and busy run the same model pass (its rows do not depend on one another)."""
+    engine = JaxEngine(CFG, WEIGHTS, SLOTS, MAX_SEQ, prefill_buckets=(16, 64),
+                       decode_buckets=(32, 64), batch_sizes=(SLOTS,))  # fmt: skip
+    if mode == "greedy":
+        sp = SamplingParams()
+        c = LogitsControls(bias_ids=[7, 100], bias_values=[5.0, 3.0], repetition_penalty=1.4,
+                           top_logprobs=3)  # fmt: skip
+    else:
+        sp = SamplingParams(temperature=1.0, seed=77)
+        c = LogitsControls(presence_penalty=1.0, min_p=0.05, top_logprobs=4)
+    prompts = [prompt(20), prompt(21), prompt(22), prompt(23)]
+    plain_sp = [SamplingParams(), sp, SamplingParams(temperature=0.8, seed=5), SamplingParams()]
+    busy = run(engine, prompts, plain_sp, [None, c, None, None])
+    plain = run(engine, prompts, plain_sp, [None] * SLOTS)
+    alone = run(engine, [prompts[1]], [sp], [c], slots=[1])[0]
+    for s in (0, 2, 3):
+        assert [(t, lp) for t, lp, *_ in busy[s]] == [(t, lp) for t, lp, *_ in plain[s]], s
+    assert [(t, lp) for t, lp, *_ in busy[1]] == [(t, lp) for t, lp, *_ in alone]
+    for (*_, ids, lps), (*_, want_ids, want_lps) in zip(busy[1], alone, strict=True):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(lps, want_lps)
+    assert [t for t, *_ in busy[1]] != [t for t, *_ in plain[1]]  # the controls did act

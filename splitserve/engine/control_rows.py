@@ -103,21 +103,27 @@ class ControlRows:
                     n += 1
         return out
 
-    def allowed(self, batch: int, masks: dict[int, np.ndarray]) -> np.ndarray:
-        """[batch, W] packed allowed bits: the given rows' masks, every token elsewhere."""
-        out = np.full((batch, self.words_per_row), -1, np.int32)
-        for row, bits in masks.items():
-            out[row] = bits
+    def allowed(self, rows: np.ndarray, masks: dict[int, np.ndarray]) -> np.ndarray:
+        """[len(rows), W] packed allowed bits: the given rows' masks, every token elsewhere."""
+        out = np.full((len(rows), self.words_per_row), -1, np.int32)
+        for i, row in enumerate(rows.tolist()):
+            if row in masks:
+                out[i] = masks[row]
         return out
 
-    def inputs(self, batch: int, masks: dict[int, np.ndarray]) -> tuple:
-        """The controls program's arguments after logits / ints / floats, for rows [0, batch)."""
-        flags = self.flags[:, :batch].copy()
-        for row in masks:  # a masked row is processed even when inserted without controls
-            flags[ctl.PROCESSED, row] = 1
-        args = (np.ascontiguousarray(self.cfloats[:, :batch]), flags,
-                self.allowed(batch, masks), self.bias_ids[:batch], self.bias_vals[:batch],
-                self.banned(batch))  # fmt: skip
-        if self.history[:batch].any():
-            args += (self.hist[:batch],)
+    def inputs(self, batch: int, masks: dict[int, np.ndarray],
+               rows: np.ndarray | None = None) -> tuple:  # fmt: skip
+        """The controls program's arguments after logits / ints / floats: for rows [0, batch),
+        or for `rows` of the batch in that order (the engine's gather of the controlled rows;
+        a row may repeat: padding to a compiled count)."""
+        rows = np.arange(batch) if rows is None else np.asarray(rows)
+        flags = self.flags[:, rows]  # fancy indexing: a copy
+        for i, row in enumerate(rows.tolist()):
+            if row in masks:  # a masked row is processed even when inserted without controls
+                flags[ctl.PROCESSED, i] = 1
+        args = (np.ascontiguousarray(self.cfloats[:, rows]), flags, self.allowed(rows, masks),
+                self.bias_ids[rows], self.bias_vals[rows],
+                self.banned(batch)[rows])  # fmt: skip
+        if self.history[rows].any():
+            args += (self.hist[rows],)
         return args

@@ -1,9 +1,11 @@
 """Per-request logits processing inside jit (DESIGN.md section 11), the interface's order:
 grammar mask, bad words, logit bias, penalties, temperature, min-p / top-k / top-p, the token.
 
-One program over the rows of a batch (decode) or one prompt (prefill), run on the logits the
-model pass left on the device, only when some live row has controls or a mask: a batch without
-any runs the plain programs, untouched. Every input is an array indexed by row:
+One program over the controlled rows of a decode step (gathered from the batch's logits on the
+device, padded to a count bucket: JaxEngine._controlled) or one prompt (prefill), only when some
+live row has controls or a mask: a batch without any runs the plain programs, untouched, and
+the plain rows of a batch with some keep the plain programs' results. Every input is an array
+indexed by row:
 
 - ints / floats: the packed sampling rows of programs.py (token, position, seed, ...);
 - cfloats [CF_ROWS, b]: repetition, frequency and presence penalties, min-p;

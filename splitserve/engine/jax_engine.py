@@ -123,6 +123,10 @@ class JaxEngine(PrefixReuse, Engine):
         self.batch_buckets = check_buckets(
             "batch", batch_sizes or batch_buckets(num_slots), num_slots
         )
+        # How many controlled rows a decode step's controls program runs on (the count padded
+        # up to one of these): 1, 2, 4, ... whatever the batch buckets, so one constrained
+        # request among many plain ones costs a program over one row, not the batch.
+        self.control_counts = tuple(sorted({*length_buckets(1, num_slots), *self.batch_buckets}))
         self.prefill_counts = tuple(sorted({1, *prefill_counts}))
         self.prefill_shapes = prefill_shapes(
             self.prefill_buckets, self.prefill_counts, prefill_batch_tokens
@@ -218,6 +222,9 @@ class JaxEngine(PrefixReuse, Engine):
             if key[2]:
                 args.append(spec((rows, vocab), i32))
             return jax.jit(prog.controls_fn).lower(*args).compile()
+        if kind == "gather":  # ("gather", batch, rows): the controlled rows' logits
+            args = spec((key[1], cfg.vocab_size), f32), spec((key[2],), i32)
+            return jax.jit(prog.gather_fn).lower(*args).compile()
         if kind == "prompt":  # ("prompt", padded length): prompt logprobs
             fn = jax.jit(partial(prog.prompt_fn, cfg))
             return fn.lower(self.params, spec((key[1],), i32)).compile()
@@ -256,7 +263,9 @@ class JaxEngine(PrefixReuse, Engine):
             # (jax_prefix.py): one per (cached, new) bucket pair, too many to hold Ready for
         if decode:  # decode samples every row of the batch when some row is not greedy
             keys += [("sample", b, False) for b in self.batch_buckets]
-            keys += [("controls", b, h) for b in self.batch_buckets for h in (False, True)]
+            keys += [("controls", n, h) for n in self.control_counts for h in (False, True)]
+            keys += [("gather", b, n) for b in self.batch_buckets for n in self.control_counts
+                     if n <= b]  # fmt: skip
             for i, c in enumerate(self.decode_buckets):
                 keys += [("decode", b, c, k) for b in self.batch_buckets
                          for k in self.decode_steps]
@@ -548,7 +557,7 @@ class JaxEngine(PrefixReuse, Engine):
             # the pass is dispatched: only now wait for the masks, which overlap it
             masked = self._masked_rows(masks, batch)
             if masked or self._controls.on[:batch][live[:batch]].any():
-                tok, lp, top = self._controlled(batch, logits, ints, masked)
+                tok, lp, top = self._controlled(batch, logits, ints, tok, lp, masked)
             elif (self._floats[prog.TEMP, :batch][live[:batch]] > 0).any():
                 floats = np.ascontiguousarray(self._floats[:, :batch])
                 tok, lp = self._program(("sample", batch, False))(logits, ints, floats)
@@ -587,17 +596,43 @@ class JaxEngine(PrefixReuse, Engine):
                 out[row] = np.asarray(bits[i], np.int32)
         return out
 
-    def _controlled(self, batch: int, logits, ints: np.ndarray, masked: dict[int, np.ndarray]):
-        """The controls program over the step's logits: tokens [batch], logprobs [batch], and
-        (top ids, top logprobs) [batch, 20] when some live row asked for alternatives."""
-        floats = np.ascontiguousarray(self._floats[:, :batch])
-        inputs = self._controls.inputs(batch, masked)
-        program = self._program(("controls", batch, len(inputs) > 6))
-        tok, lp, top_ids, top_lps = program(logits, ints, floats, *inputs)
+    def _controlled(self, batch: int, logits, ints: np.ndarray, tok, lp,
+                    masked: dict[int, np.ndarray]):  # fmt: skip
+        """The step's tokens [batch], logprobs [batch], and (top ids, top logprobs) [batch, 20]
+        when some live row asked for alternatives. tok, lp: the decode program's greedy picks.
+
+        The controls program runs only on the controlled rows (controls or a mask), gathered
+        from the step's logits and padded to a count bucket: over the whole batch it cost
+        every row 49,152 logits of masking and sorting for one constrained request. The plain
+        rows get what a batch without controls gives them (the greedy picks, or the sampling
+        program when a plain row samples: exactly a plain batch's), and the controlled rows'
+        results are written over theirs."""
         live = self._live[:batch]
-        want_top = (self._controls.flags[ctl.TOP_K_LOGPROBS, :batch][live] > 0).any()
-        top = (np.asarray(top_ids), np.asarray(top_lps)) if want_top else None
-        return np.asarray(tok), np.asarray(lp), top
+        processed = live & self._controls.on[:batch]
+        for row in masked:
+            processed[row] = True
+        rows = np.flatnonzero(processed)
+        n = len(rows)
+        count = pick(self.control_counts, n)
+        pick_rows = np.full(count, rows[0], np.int32)  # padding repeats a controlled row
+        pick_rows[:n] = rows
+        floats = np.ascontiguousarray(self._floats[:, :batch])
+        inputs = self._controls.inputs(batch, masked, pick_rows)
+        sub = self._program(("gather", batch, count))(logits, pick_rows)
+        c_tok, c_lp, top_ids, top_lps = self._program(("controls", count, len(inputs) > 6))(
+            sub, ints[:, pick_rows], floats[:, pick_rows], *inputs  # fancy indexing: copies
+        )
+        if (self._floats[prog.TEMP, :batch][live & ~processed] > 0).any():
+            tok, lp = self._program(("sample", batch, False))(logits, ints, floats)
+        tok, lp = np.array(tok), np.array(lp)  # writable copies
+        tok[rows], lp[rows] = np.asarray(c_tok)[:n], np.asarray(c_lp)[:n]
+        top = None
+        if (self._controls.flags[ctl.TOP_K_LOGPROBS, rows] > 0).any():
+            ids, lps = np.asarray(top_ids), np.asarray(top_lps)
+            top = (np.zeros((batch, ids.shape[1]), np.int32),
+                   np.zeros((batch, ids.shape[1]), np.float32))  # fmt: skip
+            top[0][rows], top[1][rows] = ids[:n], lps[:n]
+        return tok, lp, top
 
     def free(self, slot: int) -> None:
         self._check_slot(slot)

@@ -45,6 +45,12 @@ def controls_fn(logits, ints, floats, cfloats, flags, allowed, bias_ids, bias_va
     )
 
 
+def gather_fn(logits, rows):
+    """logits [batch, V] -> [len(rows), V]: the rows the controls program runs on, so that it
+    costs the controlled rows, not the batch."""
+    return jnp.take(logits, rows, axis=0)
+
+
 def prompt_fn(cfg, params, tokens):
     """One padded prompt [T] -> its prompt logprobs (controls.prompt_scores)."""
     return controls.prompt_scores(llama_model.forward(cfg, params, tokens), tokens)
