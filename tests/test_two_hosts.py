@@ -1,5 +1,5 @@
-"""Two hosts for real: two Linux network namespaces joined by a veth pair, deploy/launch.sh run in
-each (prefill-host: router + prefill; decode-host: decode + the detok pool), completions streamed
+"""Two hosts for real: two Linux network namespaces on one bridge (splitserve.bench.netns),
+deploy/launch.sh run in each (prefill-host: router + prefill; decode-host: decode + the detok pool), completions streamed
 through the router. The KV cache and the tokens cross between the two network stacks, over CURVE
 (keys made by `splitserve keys generate`: the file's addresses are not loopback, so it would not
 load without them). Then the link is cut mid-stream until the router sees the decode host's
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,70 +17,12 @@ import time
 
 import pytest
 
+from splitserve.bench.netns import Hosts
+
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUBNET = "10.213.7"
-
-
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
-
-
-def _ensure_ip() -> None:
-    if shutil.which("ip"):
-        return
-    _sh("apt-get", "update")
-    subprocess.run(
-        ["apt-get", "install", "-y", "--no-install-recommends", "iproute2"],
-        check=True,
-        capture_output=True,
-        timeout=600,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-    )
-
-
-class TwoHosts:
-    """Namespaces p (prefill host, SUBNET.1) and d (decode host, SUBNET.2) on one veth link."""
-
-    def __init__(self) -> None:
-        tag = str(os.getpid() % 100000)
-        self.ns = {"p": f"ssp{tag}", "d": f"ssd{tag}"}
-        self.veth = {"p": f"vp{tag}", "d": f"vd{tag}"}
-        for ns in self.ns.values():
-            _sh("ip", "netns", "add", ns)
-        _sh("ip", "link", "add", self.veth["p"], "type", "veth", "peer", "name", self.veth["d"])
-        for side, last in (("p", 1), ("d", 2)):
-            ns, veth = self.ns[side], self.veth[side]
-            _sh("ip", "link", "set", veth, "netns", ns)
-            _sh("ip", "-n", ns, "addr", "add", f"{SUBNET}.{last}/24", "dev", veth)
-            _sh("ip", "-n", ns, "link", "set", veth, "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-
-    def link(self, up: bool) -> None:
-        _sh("ip", "-n", self.ns["d"], "link", "set", self.veth["d"], "up" if up else "down")
-
-    def popen(self, side: str, cmd: list[str], **kw) -> subprocess.Popen:
-        return subprocess.Popen(["ip", "netns", "exec", self.ns[side], *cmd], **kw)
-
-    def run(self, side: str, cmd: list[str], timeout: float) -> str:
-        out = subprocess.run(
-            ["ip", "netns", "exec", self.ns[side], *cmd],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        return out.stdout
-
-    def close(self) -> None:
-        for ns in self.ns.values():
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-            for pid in pids.stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def _cluster(tokenizer: str, keys_dir: str) -> str:
@@ -118,7 +59,7 @@ roles = ["decode", "detok"]
 """
 
 
-def _generated(hosts: TwoHosts) -> float:
+def _generated(hosts: Hosts) -> float:
     """Tokens the router (inside the prefill host's namespace) has delivered, from /metrics."""
     code = (
         "import re, urllib.request as u;"
@@ -129,7 +70,7 @@ def _generated(hosts: TwoHosts) -> float:
     return float(hosts.run("p", [sys.executable, "-c", code], timeout=30).strip() or 0)
 
 
-def _worker_state(hosts: TwoHosts, role: str, index: int) -> str:
+def _worker_state(hosts: Hosts, role: str, index: int) -> str:
     """The router's view of one worker, from /health inside the prefill host's namespace."""
     code = (
         "import json, urllib.request as u, urllib.error as e;"
@@ -159,12 +100,8 @@ def _wait_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> None:
 def two_hosts():
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root (CI runs as root)")
-    _ensure_ip()
-    hosts = TwoHosts()
-    try:
+    with Hosts(["p", "d"], SUBNET) as hosts:  # p at SUBNET.1, d at SUBNET.2, on one bridge
         yield hosts
-    finally:
-        hosts.close()
 
 
 def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path):
@@ -212,12 +149,12 @@ def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path)
         while _generated(two_hosts) < before + 100:  # tokens are crossing the link
             assert time.monotonic() < deadline, "no tokens flowing before the cut"
             time.sleep(0.1)
-        two_hosts.link(False)
+        two_hosts.link("d", False)
         deadline = time.monotonic() + 60
         while _worker_state(two_hosts, "decode", 0) != "dead":
             assert time.monotonic() < deadline, "the router did not see the decode host go"
             time.sleep(0.2)
-        two_hosts.link(True)
+        two_hosts.link("d", True)
         out, _ = load.communicate(timeout=300)
         cut = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         assert len(cut) == 12
@@ -230,9 +167,8 @@ def test_two_hosts_stream_across_a_real_link(two_hosts, tokenizer_512, tmp_path)
             proc.send_signal(signal.SIGTERM)
         for proc in launchers.values():
             assert proc.wait(timeout=60) == 0
-        for ns in two_hosts.ns.values():
-            left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-            assert not left.stdout.split(), f"processes left in {ns}"
+        for name in ("p", "d"):
+            assert not two_hosts.leftovers(name), f"processes left on host {name}"
     finally:
         for proc in launchers.values():
             if proc.poll() is None:
