@@ -1,10 +1,11 @@
 """Two hosts for real: two Linux network namespaces on one bridge (splitserve.bench.netns),
 deploy/launch.sh run in each (prefill-host: router + prefill; decode-host: decode + the detok
-pool), completions streamed through the router. The KV cache and the tokens cross between the two network stacks, over CURVE
-(keys made by `splitserve keys generate`: the file's addresses are not loopback, so it would not
-load without them). Then the link is cut mid-stream until the router sees the decode host's
-workers die: the requests wait, and when the link comes back every stream completes with all its
-tokens. Needs root (CI runs as root); installs iproute2 when `ip` is missing."""
+pool), completions streamed through the router. The KV cache and the tokens cross between the
+two network stacks, over CURVE (keys made by `splitserve keys generate`: the file's addresses
+are not loopback, so it would not load without them). Then the link is cut mid-stream until the
+router sees the decode host's workers die: the requests wait, and when the link comes back every
+stream completes with all its tokens. Needs root (CI runs as root); installs iproute2 when `ip`
+is missing."""
 
 from __future__ import annotations
 
