@@ -65,8 +65,9 @@ def add_operator_args(p: argparse.ArgumentParser) -> None:
                    help="serve /metrics without the API key, as vLLM does, for scrapers "
                    "(/health is always open)")  # fmt: skip
     p.add_argument("--compilation-cache-dir", metavar="DIR",
-                   help="JAX's persistent compilation cache: a restart reads its compiled "
-                   "programs from here (default ~/.cache/splitserve/jax)")  # fmt: skip
+                   help="where the workers keep their compiled programs (as XLA executables, "
+                   "in executables/): a restart loads them from here instead of compiling "
+                   "(default ~/.cache/splitserve/jax)")  # fmt: skip
     add_log_args(p)
 
 

@@ -5,7 +5,9 @@ A cold start of the default model compiles for minutes on a small machine, and a
 can take longer than an operator waits for a sign of life; so a ticker thread also logs, when
 nothing was logged for quiet_s, what the worker is still doing and for how long.
 
-Whether a program came from JAX's persistent compilation cache is read from JAX's own monitoring
+The JAX engine says where each program came from (its executable store, or a compile:
+splitserve/engine/executables.py). Where an engine does not say, whether a program came from
+JAX's persistent compilation cache is read from JAX's own monitoring
 events ('/jax/compilation_cache/compile_requests_use_cache' and '.../cache_hits'), which JAX
 records on the thread that compiles; the engine reports each program on that same thread
 (JaxEngine.warmup's progress callback), so the events seen on a thread since its previous program
@@ -104,9 +106,13 @@ class StartupLog:
         self.what = what
         self.say("%s: %s", self.name, what)
 
-    def compiled(self, key: tuple, done: int, total: int, seconds: float) -> None:
-        """JaxEngine.warmup's progress callback (called on the compiling thread)."""
-        source = self.cache.source_since_last()
+    def compiled(
+        self, key: tuple, done: int, total: int, seconds: float, source: str | None = None
+    ) -> None:
+        """JaxEngine.warmup's progress callback (called on the compiling thread). source: where
+        the engine got the program ("cache", "compiled" or "compiled, no cache"); when the
+        engine does not say, JAX's own cache events on this thread tell."""
+        source = source or self.cache.source_since_last()
         with self._lock:
             self.programs = (max(done, self.programs[0]), total)
             self.from_cache += source == "cache"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from splitserve.config import ModelConfig
 from splitserve.engine.interface import Engine
 
@@ -20,21 +22,20 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str = "decode") -> E
             prefill_s=model.fake_prefill_s,
         )
     from splitserve.engine.jax_engine import build_jax_engine
-    from splitserve.engine.jax_setup import (
-        backend_started,
-        configure_jax_runtime,
-        enable_compilation_cache,
-    )
+    from splitserve.engine.jax_setup import backend_started, configure_jax_runtime
 
     if not backend_started():  # in threads mode the second engine finds JAX set up already
         threads = model.cpu_threads if role == "decode" else 0
         configure_jax_runtime(cpu_threads=threads or None)
-        if model.compile_cache_dir:
-            enable_compilation_cache(model.compile_cache_dir)
+    # the compiled programs are kept as executables there (engine/executables.py: a restart
+    # loads them without tracing), instead of in JAX's own persistent cache
+    cache = model.compile_cache_dir
+    executables = os.path.join(cache, "executables") if cache else None
     return build_jax_engine(
         resolve_model_path(model.path), model.num_slots, model.max_seq_len,
         prefill_buckets=tuple(model.prefill_buckets) or None,
         prefix_reuse=model.prefix_cache and role == "prefill",
+        executable_dir=executables,
     )  # fmt: skip
 
 

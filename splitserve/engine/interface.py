@@ -183,7 +183,8 @@ class Engine(abc.ABC):
     def warmup(self, prefill: bool = True, decode: bool = True, progress=None) -> None:
         """Compile every shape this engine will run: the prefill buckets (a prefill worker's
         side) and the decode steps (a decode worker's side). progress(key, done, total,
-        seconds), when given, is told of each program as it is ready (for the start-up log)."""
+        seconds, source), when given, is told of each program as it is ready (for the start-up
+        log; source says whether it was loaded or compiled)."""
 
     @abc.abstractmethod
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:

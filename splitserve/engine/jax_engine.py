@@ -32,24 +32,21 @@ quantized form for the native kernel; prefill may use another (`prefill_weight_f
 "auto" (the default) keeps a GGUF file's own Q8_0/Q4_0/Q4_1 blocks (exact, and the fastest
 measured) and float32 for any other checkpoint (int8 and bfloat16 round its weights: opt-in);
 prefill defaults to float32.
-Every program is compiled ahead of time (`warmup`) and kept as an executable, so no step
-ever pays a compile after the worker says Ready.
+Every program is compiled ahead of time (`warmup`, jax_compile.py) and kept as an executable,
+so no step ever pays a compile after the worker says Ready; with an `executable_dir` they are
+stored there too, and a restart loads them instead of compiling (executables.py).
+The prefill path is jax_prefill.py, prefill from a cached prefix jax_prefix.py, the controlled
+rows of a decode step jax_controlled.py.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import controls as ctl
 from splitserve.engine import llama_model, qkernel
 from splitserve.engine import programs as prog
 from splitserve.engine.buckets import (
@@ -61,24 +58,28 @@ from splitserve.engine.buckets import (
     prefill_shapes,
 )
 from splitserve.engine.control_rows import ControlRows
+from splitserve.engine.executables import ExecutableStore
 from splitserve.engine.interface import (
-    MAX_BAD_WORDS,
-    MAX_LOGIT_BIAS,
     Engine,
     LogitsControls,
     Prefix,
-    PromptLogprobs,
     SamplingParams,
     StepMasks,
     StepOutput,
     TopLogprobs,
 )
+from splitserve.engine.jax_compile import CompiledPrograms
+from splitserve.engine.jax_controlled import ControlledSteps
+from splitserve.engine.jax_prefill import PrefillPath
 from splitserve.engine.jax_prefix import PrefixReuse
-from splitserve.engine.llama_config import LlamaConfig, preset
+from splitserve.engine.llama_config import LlamaConfig
+from splitserve.engine.model_files import load_model, load_native
 from splitserve.engine.slot_rows import SlotRows
 
+__all__ = ["JaxEngine", "build_jax_engine", "load_model", "load_native"]
 
-class JaxEngine(PrefixReuse, Engine):
+
+class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Engine):
     """Llama in JAX behind the Engine interface (see the module docstring)."""
 
     supports_controls = True
@@ -104,6 +105,7 @@ class JaxEngine(PrefixReuse, Engine):
         cache_dtype=jnp.float32,
         shrink_after_steps: int = 256,
         prefix_reuse: bool = False,
+        executable_dir: str | None = None,
     ):
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(
@@ -168,6 +170,8 @@ class JaxEngine(PrefixReuse, Engine):
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.rows_moved = 0  # compaction moves so far (a figure for benchmarks)
         self.prefix_reuse = prefix_reuse  # warm-up compiles prefill_cached's programs too
+        if executable_dir:  # compiled programs kept for the next start (executables.py)
+            self.executables = ExecutableStore(executable_dir, self.program_identity())
 
     def _cache_shapes(self, capacity: int) -> tuple[tuple, tuple]:
         c = self.cfg
@@ -180,279 +184,6 @@ class JaxEngine(PrefixReuse, Engine):
         layers = range(self.cfg.layers)
         dt = self.cache_dtype
         return [jnp.zeros(k, dt) for _ in layers], [jnp.zeros(v, dt) for _ in layers]
-
-    # -- compilation -------------------------------------------------------------------
-
-    def _program(self, key: tuple):
-        """The compiled executable for one shape, compiled on first use."""
-        program = self._programs.get(key)
-        if program is None:
-            program = self._compile(key)
-            self._programs[key] = program
-        return program
-
-    def _cache_specs(self, capacity: int) -> tuple[list, list]:
-        k, v = self._cache_shapes(capacity)
-        spec = jax.ShapeDtypeStruct
-        n = self.cfg.layers
-        return [spec(k, self.cache_dtype)] * n, [spec(v, self.cache_dtype)] * n
-
-    def _compile(self, key: tuple):
-        cfg = self.cfg
-        i32, f32 = jnp.int32, jnp.float32
-        spec = jax.ShapeDtypeStruct
-        kind = key[0]
-        if kind == "prefill":  # ("prefill", count, padded length)
-            fn = jax.jit(partial(prog.prefill_fn, cfg))
-            args = spec((key[1], key[2]), i32), spec((key[1],), i32)
-            return fn.lower(self.params, *args).compile()
-        if kind == "sample":  # ("sample", rows, greedy only)
-            rows = key[1]
-            fn = jax.jit(partial(prog.sample_fn, key[2]))
-            args = (spec((rows, cfg.vocab_size), f32), spec((prog.INT_ROWS, rows), i32),
-                    spec((prog.FLOAT_ROWS, rows), f32))
-            return fn.lower(*args).compile()
-        if kind == "controls":  # ("controls", rows, with penalty history)
-            rows, vocab = key[1], cfg.vocab_size
-            args = [spec((rows, vocab), f32), spec((prog.INT_ROWS, rows), i32),
-                    spec((prog.FLOAT_ROWS, rows), f32), spec((ctl.CF_ROWS, rows), f32),
-                    spec((ctl.FLAG_ROWS, rows), i32), spec((rows, -(-vocab // 32)), i32),
-                    spec((rows, MAX_LOGIT_BIAS), i32), spec((rows, MAX_LOGIT_BIAS), f32),
-                    spec((rows, MAX_BAD_WORDS), i32)]
-            if key[2]:
-                args.append(spec((rows, vocab), i32))
-            return jax.jit(prog.controls_fn).lower(*args).compile()
-        if kind == "gather":  # ("gather", batch, rows): the controlled rows' logits
-            args = spec((key[1], cfg.vocab_size), f32), spec((key[2],), i32)
-            return jax.jit(prog.gather_fn).lower(*args).compile()
-        if kind == "prompt":  # ("prompt", padded length): prompt logprobs
-            fn = jax.jit(partial(prog.prompt_fn, cfg))
-            return fn.lower(self.params, spec((key[1],), i32)).compile()
-        if kind == "insert":  # ("insert", width, capacity), one layer
-            part = spec((key[1], cfg.kv_heads, cfg.head_dim), self.cache_dtype)
-            ck, cv = (x[0] for x in self._cache_specs(key[2]))
-            fn = jax.jit(prog.insert_fn, donate_argnums=(0, 1))
-            return fn.lower(ck, cv, part, part, spec((), i32)).compile()
-        if kind == "resize":  # ("resize", from capacity, to capacity), one layer
-            ck, cv = (x[0] for x in self._cache_specs(key[1]))
-            return jax.jit(partial(prog.resize_fn, key[2])).lower(ck, cv).compile()
-        if kind == "move":  # ("move", capacity), every layer
-            fn = jax.jit(prog.move_fn, donate_argnums=(0, 1))
-            return fn.lower(*self._cache_specs(key[1]), spec((), i32), spec((), i32)).compile()
-        if kind == "decode":  # ("decode", batch, capacity, steps)
-            _, batch, capacity, steps = key
-            args = [self.decode_params, *self._cache_specs(capacity),
-                    spec((prog.INT_ROWS, batch), i32)]
-            if steps > 1:
-                args.append(spec((prog.FLOAT_ROWS, batch), f32))
-            return prog.jit_decode(cfg, steps, self.attention).lower(*args).compile()
-        if kind == "prefill_cont":  # ("prefill_cont", cached bucket, new bucket)
-            return self.compile_continue(key)
-        raise KeyError(key)
-
-    def program_keys(self, prefill: bool = True, decode: bool = True) -> list[tuple]:
-        """Every shape this engine runs (the prefill side, the decode side, or both)."""
-        keys: list[tuple] = []
-        if prefill:  # prefill samples one row per prompt, greedy or not
-            keys += [("sample", c, g) for c in self.prefill_counts for g in (True, False)]
-            keys += [("prefill", c, t) for c, t in self.prefill_shapes]
-            # a prompt with controls or a first-token mask (prompt logprobs, rare and one
-            # program per length, compile on first use)
-            keys += [("controls", 1, h) for h in (False, True)]
-            # the prefix cache's continuation programs compile after warm-up, in the background
-            # (jax_prefix.py): one per (cached, new) bucket pair, too many to hold Ready for
-        if decode:  # decode samples every row of the batch when some row is not greedy
-            keys += [("sample", b, False) for b in self.batch_buckets]
-            keys += [("controls", n, h) for n in self.control_counts for h in (False, True)]
-            keys += [("gather", b, n) for b in self.batch_buckets for n in self.control_counts
-                     if n <= b]  # fmt: skip
-            for i, c in enumerate(self.decode_buckets):
-                keys += [("decode", b, c, k) for b in self.batch_buckets
-                         for k in self.decode_steps]
-                widths = sorted({min(p, c) for p in self.prefill_buckets})
-                keys += [("insert", w, c) for w in widths]
-                if len(self.batch_buckets) > 1:
-                    keys.append(("move", c))
-                if i > 0:
-                    prev = self.decode_buckets[i - 1]
-                    keys += [("resize", prev, c), ("resize", c, prev)]
-        return list(dict.fromkeys(keys))
-
-    def warmup(
-        self, prefill: bool = True, decode: bool = True, threads: int | None = None,
-        progress: Callable[[tuple, int, int, float], None] | None = None,
-    ):  # fmt: skip
-        """Compile every program before the worker says Ready. A prefill worker needs only
-        the prefill side (prefill=True, decode=False), a decode worker only the decode side.
-
-        XLA compiles without holding the GIL, so a few threads cut the wall time of a
-        warm-up (or of loading it from the persistent compilation cache).
-        progress(key, done, total, seconds) is called as each program is ready, on the thread
-        that compiled it (so that JAX's compilation-cache events seen there are that program's).
-        """
-        todo = [k for k in self.program_keys(prefill, decode) if k not in self._programs]
-        threads = threads or min(4, os.cpu_count() or 1)
-        done = itertools.count(1)  # next() is atomic: the compile threads share it
-
-        def compile_one(key: tuple):
-            start = time.perf_counter()
-            program = self._compile(key)
-            if progress is not None:
-                progress(key, next(done), len(todo), time.perf_counter() - start)
-            return program
-
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compile") as pool:
-            for key, program in zip(todo, pool.map(compile_one, todo), strict=True):
-                self._programs[key] = program
-        if prefill:
-            self.compile_continuations_in_background()
-
-    # -- prefill -----------------------------------------------------------------------
-
-    def prefill(
-        self,
-        tokens: Sequence[int],
-        sampling: SamplingParams,
-        out_pos: int = 0,
-        *,
-        controls: LogitsControls | None = None,
-        mask: np.ndarray | None = None,
-    ) -> Prefix:
-        if controls is None and mask is None:
-            return self.prefill_batch([tokens], [sampling], [out_pos])[0]
-        return self._prefill_controlled(self._check_prompt(tokens), sampling, out_pos,
-                                        controls, mask)  # fmt: skip
-
-    def _prefill_controlled(self, ids: np.ndarray, sampling: SamplingParams, out_pos: int,
-                            controls: LogitsControls | None, mask: np.ndarray | None) -> Prefix:
-        """One prompt whose first token takes controls or a mask: the plain prefill pass, then
-        the controls program on its logits (one row, its own ControlRows), then the prompt's
-        logprobs when asked for."""
-        controls = controls or LogitsControls()
-        self._check_controls(controls)
-        logits, lengths, k_np, v_np = self._prefill_pass([ids])
-        ints, floats = self._sampling_rows(sampling, out_pos=out_pos)
-        row = ControlRows(1, self.vocab_size)
-        row.set(0, controls, ids, out_pos, None)
-        masks = {} if mask is None else {0: np.asarray(mask, np.int32)}
-        inputs = row.inputs(1, masks)
-        program = self._program(("controls", 1, len(inputs) > 6))
-        tok, lp, top_ids, top_lps = program(logits, ints, floats, *inputs)
-        (prefix,) = self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:1], k_np, v_np,
-                                   [out_pos])  # fmt: skip
-        k = controls.top_logprobs
-        if k:
-            prefix.first_top = TopLogprobs(np.asarray(top_ids)[:, :k].copy(),
-                                           np.asarray(top_lps)[:, :k].copy())  # fmt: skip
-        if controls.needs_history:
-            prefix.context = ids.astype(np.int32)
-        if controls.prompt_logprobs >= 0 and out_pos == 0:
-            prefix.prompt_logprobs = self._prompt_logprobs(ids, controls.prompt_logprobs)
-        return prefix
-
-    def _prompt_logprobs(self, ids: np.ndarray, k: int) -> PromptLogprobs:
-        """The raw logprob and rank of each prompt token after the first, with top k."""
-        length = pick(self.prefill_buckets, len(ids))
-        tokens = np.zeros(length, np.int32)
-        tokens[: len(ids)] = ids
-        lp, ranks, top_ids, top_lps = self._program(("prompt", length))(self.params, tokens)
-        n = len(ids) - 1
-        top = None
-        if k:
-            top = TopLogprobs(np.asarray(top_ids)[:n, :k].copy(),
-                              np.asarray(top_lps)[:n, :k].copy())  # fmt: skip
-        return PromptLogprobs(np.asarray(lp)[:n].copy(), np.asarray(ranks)[:n].copy(), top)
-
-    def _check_controls(self, controls: LogitsControls) -> None:
-        why = controls.outside(self.vocab_size)
-        if why:
-            raise ValueError(why)
-
-    def prefill_batch(
-        self,
-        prompts: Sequence[Sequence[int]],
-        samplings: Sequence[SamplingParams],
-        out_pos: Sequence[int] | None = None,
-    ) -> list[Prefix]:
-        """Several prompts, in as few compiled calls as the token budget allows (in order,
-        each call padded to a (count, length) bucket); the same prefixes as one at a time."""
-        if len(prompts) != len(samplings):
-            raise ValueError("one SamplingParams per prompt")
-        positions = list(out_pos) if out_pos is not None else [0] * len(prompts)
-        checked = [self._check_prompt(p) for p in prompts]
-        out: list[Prefix] = []
-        start = 0
-        while start < len(checked):
-            end = start + 1
-            while end < len(checked) and self._fits(checked[start:end + 1]):
-                end += 1
-            out += self._prefill_call(checked[start:end], samplings[start:end],
-                                      positions[start:end])  # fmt: skip
-            start = end
-        return out
-
-    def _check_prompt(self, tokens: Sequence[int]) -> np.ndarray:
-        n = len(tokens)
-        if not 1 <= n <= self.max_seq_len:
-            raise ValueError(f"prompt of {n} tokens; this engine takes 1..{self.max_seq_len}")
-        ids = np.asarray(tokens, np.int64)
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
-        return ids
-
-    def _prefill_shape(self, prompts: Sequence[np.ndarray]) -> tuple[int, int]:
-        length = pick(self.prefill_buckets, max(len(p) for p in prompts))
-        return pick(self.prefill_counts, len(prompts)), length
-
-    def _fits(self, prompts: Sequence[np.ndarray]) -> bool:
-        if len(prompts) > self.prefill_counts[-1]:
-            return False
-        return self._prefill_shape(prompts) in self.prefill_shapes
-
-    def _prefill_call(
-        self,
-        prompts: Sequence[np.ndarray],
-        samplings: Sequence[SamplingParams],
-        out_pos: Sequence[int],
-    ) -> list[Prefix]:
-        count = self._prefill_shape(prompts)[0]
-        ints = np.zeros((prog.INT_ROWS, count), np.int32)
-        floats = np.zeros((prog.FLOAT_ROWS, count), np.float32)
-        floats[prog.TOP_P] = 1.0
-        for i, (sp, pos) in enumerate(zip(samplings, out_pos, strict=True)):
-            ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=pos)
-        logits, lengths, k_np, v_np = self._prefill_pass(prompts)
-        greedy_only = all(sp.temperature <= 0 for sp in samplings)
-        tok, lp = self._program(("sample", count, greedy_only))(logits, ints, floats)
-        return self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:len(prompts)], k_np,
-                              v_np, out_pos)  # fmt: skip
-
-    def _prefill_pass(self, prompts: Sequence[np.ndarray]):
-        """The model pass over prompts padded to their bucket: (logits [count, V] on device,
-        lengths [count], k, v [count, layers, length, kv_heads, head_dim] as numpy)."""
-        count, length = self._prefill_shape(prompts)
-        tokens = np.zeros((count, length), np.int32)  # padding rows: one token of id 0
-        lengths = np.ones(count, np.int32)
-        for i, ids in enumerate(prompts):
-            tokens[i, :len(ids)] = ids
-            lengths[i] = len(ids)
-        logits, k, v = self._program(("prefill", count, length))(self.params, tokens, lengths)
-        return logits, lengths, np.asarray(k), np.asarray(v)
-
-    def _prefixes(self, tok, lp, lengths, k_np, v_np, out_pos) -> list[Prefix]:
-        return [
-            Prefix(
-                kv=[
-                    np.ascontiguousarray(k_np[i, :, :n], self.cache_dtype),
-                    np.ascontiguousarray(v_np[i, :, :n], self.cache_dtype),
-                ],
-                length=int(n),
-                first_token=int(tok[i]),
-                first_logprob=float(lp[i]),
-                out_pos=out_pos[i],
-            )
-            for i, n in enumerate(lengths)
-        ]
 
     # -- decode ------------------------------------------------------------------------
 
@@ -584,56 +315,6 @@ class JaxEngine(PrefixReuse, Engine):
         self._ints[prog.OUT_POS, rows] += steps
         return StepOutput(tokens=tokens, logprobs=logprobs, top=top)
 
-    def _masked_rows(self, masks: StepMasks | None, batch: int) -> dict[int, np.ndarray]:
-        """{row: packed allowed bits} of the step's constrained live slots."""
-        if masks is None or len(masks.slots) == 0:
-            return {}
-        bits = masks.wait()
-        out = {}
-        for i, slot in enumerate(np.asarray(masks.slots).tolist()):
-            row = self._rows.row(slot)
-            if 0 <= row < batch and self._live[row]:
-                out[row] = np.asarray(bits[i], np.int32)
-        return out
-
-    def _controlled(self, batch: int, logits, ints: np.ndarray, tok, lp,
-                    masked: dict[int, np.ndarray]):  # fmt: skip
-        """The step's tokens [batch], logprobs [batch], and (top ids, top logprobs) [batch, 20]
-        when some live row asked for alternatives. tok, lp: the decode program's greedy picks.
-
-        The controls program runs only on the controlled rows (controls or a mask), gathered
-        from the step's logits and padded to a count bucket: over the whole batch it cost
-        every row 49,152 logits of masking and sorting for one constrained request. The plain
-        rows get what a batch without controls gives them (the greedy picks, or the sampling
-        program when a plain row samples: exactly a plain batch's), and the controlled rows'
-        results are written over theirs."""
-        live = self._live[:batch]
-        processed = live & self._controls.on[:batch]
-        for row in masked:
-            processed[row] = True
-        rows = np.flatnonzero(processed)
-        n = len(rows)
-        count = pick(self.control_counts, n)
-        pick_rows = np.full(count, rows[0], np.int32)  # padding repeats a controlled row
-        pick_rows[:n] = rows
-        floats = np.ascontiguousarray(self._floats[:, :batch])
-        inputs = self._controls.inputs(batch, masked, pick_rows)
-        sub = self._program(("gather", batch, count))(logits, pick_rows)
-        c_tok, c_lp, top_ids, top_lps = self._program(("controls", count, len(inputs) > 6))(
-            sub, ints[:, pick_rows], floats[:, pick_rows], *inputs  # fancy indexing: copies
-        )
-        if (self._floats[prog.TEMP, :batch][live & ~processed] > 0).any():
-            tok, lp = self._program(("sample", batch, False))(logits, ints, floats)
-        tok, lp = np.array(tok), np.array(lp)  # writable copies
-        tok[rows], lp[rows] = np.asarray(c_tok)[:n], np.asarray(c_lp)[:n]
-        top = None
-        if (self._controls.flags[ctl.TOP_K_LOGPROBS, rows] > 0).any():
-            ids, lps = np.asarray(top_ids), np.asarray(top_lps)
-            top = (np.zeros((batch, ids.shape[1]), np.int32),
-                   np.zeros((batch, ids.shape[1]), np.float32))  # fmt: skip
-            top[0][rows], top[1][rows] = ids[:n], lps[:n]
-        return tok, lp, top
-
     def free(self, slot: int) -> None:
         self._check_slot(slot)
         row = self._rows.release(slot)
@@ -702,36 +383,6 @@ class JaxEngine(PrefixReuse, Engine):
         ints[prog.SEED] = np.uint32(sp.seed & 0xFFFFFFFF).view(np.int32)
         floats = np.array([[sp.temperature], [sp.top_p]], np.float32)
         return ints, floats
-
-
-def load_model(model: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
-    """`random:<preset>[:<seed>]`, a .gguf file, or a Hugging Face folder."""
-    if model.startswith("random:"):
-        from splitserve.engine.weights_random import random_weights
-
-        parts = model.split(":")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"expected random:<preset>[:<seed>], got {model!r}")
-        cfg = preset(parts[1])
-        return cfg, random_weights(cfg, int(parts[2]) if len(parts) == 3 else 0)
-    if os.path.isdir(model):
-        from splitserve.engine.weights_hf import load_hf
-
-        return load_hf(model)
-    if os.path.isfile(model):
-        from splitserve.engine.weights_gguf import load_gguf
-
-        return load_gguf(model)
-    raise FileNotFoundError(f"model {model!r}: not random:<preset>, a file, or a folder")
-
-
-def load_native(model: str, cfg: LlamaConfig) -> dict | None:
-    """A GGUF file's own quantized blocks (weights_gguf.load_gguf_native); None otherwise."""
-    if os.path.isfile(model) and not model.startswith("random:"):
-        from splitserve.engine.weights_gguf import load_gguf_native
-
-        return load_gguf_native(model, cfg)
-    return None
 
 
 def build_jax_engine(model: str, num_slots: int, max_seq_len: int, **options) -> JaxEngine:

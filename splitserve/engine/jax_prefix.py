@@ -1,5 +1,6 @@
-"""JaxEngine's prefill from a cached prefix (Engine.prefill_cached), as a mixin: the compiled
-"prefill continuation" programs (prefill_continue.py), their keys for warm-up, and the call.
+"""JaxEngine's prefill from a cached prefix (Engine.prefill_cached), as a mixin: the keys of
+the "prefill continuation" programs (prefill_continue.py; jax_compile.py lowers them), their
+compile in the background, and the call.
 
 Kept apart from jax_engine.py so that the engine's own prefill path is untouched: a prompt
 with a cached prefix runs one continuation program, bucketed by (cached length, new length)
@@ -8,7 +9,7 @@ cut to its true length, plus the first token sampled by the same "sample" progra
 
 There is one program per bucket pair (63 for the default 2,048-token context): compiling them
 before Ready made a cold start minutes longer. They compile after warm-up on a background
-thread (XLA compiles without the GIL; the persistent compilation cache makes later starts
+thread (XLA compiles without the GIL; the engine's executable store makes later starts
 quick), and until a prompt's program is ready it is prefilled whole (cached_tokens 0): the
 same result, only slower.
 """
@@ -18,21 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from functools import partial
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from splitserve.engine.buckets import pick
 from splitserve.engine.interface import Prefix, SamplingParams
-from splitserve.engine.prefill_continue import continue_shapes, prefill_continue_fn
+from splitserve.engine.prefill_continue import continue_shapes
 
 log = logging.getLogger(__name__)
 
 
 class PrefixReuse:
-    """Mixed into JaxEngine; uses its cfg, params, buckets, _program and _sampling_rows."""
+    """Mixed into JaxEngine; uses its cfg, params, buckets, _program, _obtain and
+    _sampling_rows."""
 
     supports_prefix_reuse = True
     prefix_reuse = False  # whether warm-up compiles the continuation programs (the cache is on)
@@ -53,7 +52,7 @@ class PrefixReuse:
         def run() -> None:
             for key in todo:
                 try:
-                    self._programs[key] = self._compile(key)
+                    self._programs[key] = self._obtain(key)[0]
                 except Exception:  # a program that will not compile: its prompts go whole
                     log.exception("prefix cache: compiling %s failed", key)
             log.info("prefix cache: %d continuation programs ready", len(todo))
@@ -62,16 +61,6 @@ class PrefixReuse:
         thread.start()
         self.continuations = thread
         return thread
-
-    def compile_continue(self, key: tuple):
-        """("prefill_cont", cached bucket, new bucket) -> its executable."""
-        cfg, spec = self.cfg, jax.ShapeDtypeStruct
-        _, c, t = key
-        kv = spec((cfg.layers, c, cfg.kv_heads, cfg.head_dim), self.cache_dtype)
-        i32 = jnp.int32
-        fn = jax.jit(partial(prefill_continue_fn, cfg))
-        return fn.lower(self.params, kv, kv, spec((), i32), spec((t,), i32),
-                        spec((), i32)).compile()  # fmt: skip
 
     def prefill_cached(
         self,

@@ -1,8 +1,5 @@
 """Process-wide JAX settings, applied by worker entry points (never at import).
 
-- `enable_compilation_cache`: a restarted worker loads its compiled prefill and decode
-  programs from disk instead of recompiling them, so a supervisor restart reports Ready in
-  seconds.
 - `configure_jax_runtime`: how XLA runs on the CPU. Must run before JAX's first
   computation (the CPU client reads these settings once, when it is created).
 """
@@ -22,15 +19,6 @@ log = logging.getLogger(__name__)
 # Experimental flags change between jaxlib releases and an unknown flag aborts the process,
 # so they are applied only to the release line they were measured on.
 _XLA_CPU_FLAGS = {"0.10.": ("--xla_cpu_experimental_ynn_fusion_type=reduce",)}
-
-
-def enable_compilation_cache(directory: str) -> None:
-    """Cache every compiled program under `directory` (created if missing)."""
-    os.makedirs(directory, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
-    # Defaults skip programs that compile in under a second; ours are many and small.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def backend_started() -> bool:

@@ -1,0 +1,186 @@
+"""JaxEngine's compiled programs, as a mixin: one executable per shape key, the keys a worker
+warms up, and where each executable comes from.
+
+1. `program_keys` lists every shape a prefill or a decode worker runs (batch, capacity and
+   length buckets; see jax_engine.py for what each program does).
+2. `warmup` obtains them all before the worker says Ready, on a few threads (XLA compiles
+   and loads without holding the GIL), reporting each one (which, n of N, from where).
+3. `_obtain` loads a key's executable from the engine's ExecutableStore when it has one
+   (executables.py: no trace, no lowering), else lowers and compiles it from `_lowered`'s
+   function and argument specs, and stores it for the next start.
+4. `_program` is the lookup every call makes; a key missing there (one the warm-up does not
+   cover, such as a prompt-logprobs length) is obtained on first use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from splitserve.engine import controls as ctl
+from splitserve.engine import programs as prog
+from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS
+from splitserve.engine.prefill_continue import prefill_continue_fn
+
+# How an executable came to be, as the start-up log says it (splitserve/startup_log.py).
+FROM_STORE, COMPILED, NO_STORE = "cache", "compiled", "compiled, no cache"
+
+
+class CompiledPrograms:
+    """Mixed into JaxEngine; uses its cfg, params, buckets and cache shapes. `executables`
+    (an ExecutableStore, or None) is set by the engine's constructor."""
+
+    executables = None
+
+    def program_identity(self) -> str:
+        """Everything besides a program's key that shapes its executable: the model's
+        configuration, the slots, the dtypes, the formats and the parameters' tree."""
+        leaves = lambda tree: [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree)]  # noqa: E731
+        return repr((self.cfg, self.num_slots, str(self.cache_dtype), self.attention,
+                     self.weight_format, self.prefill_weight_format,
+                     jax.tree.structure(self.decode_params), leaves(self.decode_params),
+                     jax.tree.structure(self.params), leaves(self.params)))  # fmt: skip
+
+    def _program(self, key: tuple):
+        """The executable for one shape, obtained on first use."""
+        program = self._programs.get(key)
+        if program is None:
+            program = self._obtain(key)[0]
+            self._programs[key] = program
+        return program
+
+    def _obtain(self, key: tuple) -> tuple[jax.stages.Compiled, str]:
+        """(executable, where it came from): the store, or a compile (then stored)."""
+        store = self.executables
+        if store is not None:
+            program = store.load(key)
+            if program is not None:
+                return program, FROM_STORE
+        fn, args = self._lowered(key)
+        program = fn.lower(*args).compile()
+        if store is None:
+            return program, NO_STORE
+        store.save(key, program)
+        return program, COMPILED
+
+    def _cache_specs(self, capacity: int) -> tuple[list, list]:
+        k, v = self._cache_shapes(capacity)
+        spec = jax.ShapeDtypeStruct
+        n = self.cfg.layers
+        return [spec(k, self.cache_dtype)] * n, [spec(v, self.cache_dtype)] * n
+
+    def _lowered(self, key: tuple) -> tuple[Callable, list]:
+        """The jitted function of a key and the arguments (specs) it is lowered with."""
+        cfg = self.cfg
+        i32, f32 = jnp.int32, jnp.float32
+        spec = jax.ShapeDtypeStruct
+        kind = key[0]
+        if kind == "prefill":  # ("prefill", count, padded length)
+            fn = jax.jit(partial(prog.prefill_fn, cfg))
+            return fn, [self.params, spec((key[1], key[2]), i32), spec((key[1],), i32)]
+        if kind == "sample":  # ("sample", rows, greedy only)
+            rows = key[1]
+            fn = jax.jit(partial(prog.sample_fn, key[2]))
+            return fn, [spec((rows, cfg.vocab_size), f32), spec((prog.INT_ROWS, rows), i32),
+                        spec((prog.FLOAT_ROWS, rows), f32)]  # fmt: skip
+        if kind == "controls":  # ("controls", rows, with penalty history)
+            rows, vocab = key[1], cfg.vocab_size
+            args = [spec((rows, vocab), f32), spec((prog.INT_ROWS, rows), i32),
+                    spec((prog.FLOAT_ROWS, rows), f32), spec((ctl.CF_ROWS, rows), f32),
+                    spec((ctl.FLAG_ROWS, rows), i32), spec((rows, -(-vocab // 32)), i32),
+                    spec((rows, MAX_LOGIT_BIAS), i32), spec((rows, MAX_LOGIT_BIAS), f32),
+                    spec((rows, MAX_BAD_WORDS), i32)]
+            if key[2]:
+                args.append(spec((rows, vocab), i32))
+            return jax.jit(prog.controls_fn), args
+        if kind == "gather":  # ("gather", batch, rows): the controlled rows' logits
+            return jax.jit(prog.gather_fn), [spec((key[1], cfg.vocab_size), f32),
+                                             spec((key[2],), i32)]  # fmt: skip
+        if kind == "prompt":  # ("prompt", padded length): prompt logprobs
+            return jax.jit(partial(prog.prompt_fn, cfg)), [self.params, spec((key[1],), i32)]
+        if kind == "insert":  # ("insert", width, capacity), one layer
+            part = spec((key[1], cfg.kv_heads, cfg.head_dim), self.cache_dtype)
+            ck, cv = (x[0] for x in self._cache_specs(key[2]))
+            fn = jax.jit(prog.insert_fn, donate_argnums=(0, 1))
+            return fn, [ck, cv, part, part, spec((), i32)]
+        if kind == "resize":  # ("resize", from capacity, to capacity), one layer
+            ck, cv = (x[0] for x in self._cache_specs(key[1]))
+            return jax.jit(partial(prog.resize_fn, key[2])), [ck, cv]
+        if kind == "move":  # ("move", capacity), every layer
+            fn = jax.jit(prog.move_fn, donate_argnums=(0, 1))
+            return fn, [*self._cache_specs(key[1]), spec((), i32), spec((), i32)]
+        if kind == "decode":  # ("decode", batch, capacity, steps)
+            _, batch, capacity, steps = key
+            args = [self.decode_params, *self._cache_specs(capacity),
+                    spec((prog.INT_ROWS, batch), i32)]
+            if steps > 1:
+                args.append(spec((prog.FLOAT_ROWS, batch), f32))
+            return prog.jit_decode(cfg, steps, self.attention), args
+        if kind == "prefill_cont":  # ("prefill_cont", cached bucket, new bucket): jax_prefix.py
+            _, c, t = key
+            kv = spec((cfg.layers, c, cfg.kv_heads, cfg.head_dim), self.cache_dtype)
+            fn = jax.jit(partial(prefill_continue_fn, cfg))
+            return fn, [self.params, kv, kv, spec((), i32), spec((t,), i32), spec((), i32)]
+        raise KeyError(key)
+
+    def program_keys(self, prefill: bool = True, decode: bool = True) -> list[tuple]:
+        """Every shape this engine runs (the prefill side, the decode side, or both)."""
+        keys: list[tuple] = []
+        if prefill:  # prefill samples one row per prompt, greedy or not
+            keys += [("sample", c, g) for c in self.prefill_counts for g in (True, False)]
+            keys += [("prefill", c, t) for c, t in self.prefill_shapes]
+            # a prompt with controls or a first-token mask (prompt logprobs, rare and one
+            # program per length, compile on first use)
+            keys += [("controls", 1, h) for h in (False, True)]
+            # the prefix cache's continuation programs compile after warm-up, in the background
+            # (jax_prefix.py): one per (cached, new) bucket pair, too many to hold Ready for
+        if decode:  # decode samples every row of the batch when some row is not greedy
+            keys += [("sample", b, False) for b in self.batch_buckets]
+            keys += [("controls", n, h) for n in self.control_counts for h in (False, True)]
+            keys += [("gather", b, n) for b in self.batch_buckets for n in self.control_counts
+                     if n <= b]  # fmt: skip
+            for i, c in enumerate(self.decode_buckets):
+                keys += [("decode", b, c, k) for b in self.batch_buckets
+                         for k in self.decode_steps]
+                widths = sorted({min(p, c) for p in self.prefill_buckets})
+                keys += [("insert", w, c) for w in widths]
+                if len(self.batch_buckets) > 1:
+                    keys.append(("move", c))
+                if i > 0:
+                    prev = self.decode_buckets[i - 1]
+                    keys += [("resize", prev, c), ("resize", c, prev)]
+        return list(dict.fromkeys(keys))
+
+    def warmup(
+        self, prefill: bool = True, decode: bool = True, threads: int | None = None,
+        progress: Callable[..., None] | None = None,
+    ):  # fmt: skip
+        """Obtain every program before the worker says Ready. A prefill worker needs only
+        the prefill side (prefill=True, decode=False), a decode worker only the decode side.
+
+        progress(key, done, total, seconds, source) is called as each program is ready, on
+        the thread that obtained it; source is FROM_STORE, COMPILED or NO_STORE.
+        """
+        todo = [k for k in self.program_keys(prefill, decode) if k not in self._programs]
+        threads = threads or min(4, os.cpu_count() or 1)
+        done = itertools.count(1)  # next() is atomic: the compile threads share it
+
+        def obtain(key: tuple):
+            start = time.perf_counter()
+            program, source = self._obtain(key)
+            if progress is not None:
+                progress(key, next(done), len(todo), time.perf_counter() - start, source)
+            return program
+
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compile") as pool:
+            for key, program in zip(todo, pool.map(obtain, todo), strict=True):
+                self._programs[key] = program
+        if prefill:
+            self.compile_continuations_in_background()

@@ -1,0 +1,178 @@
+"""JaxEngine's prefill path, as a mixin: a prompt (or several) in, a Prefix per prompt out.
+
+1. `prefill_batch` checks each prompt and groups them in order, as many per compiled call as
+   the (count, length) buckets and the token budget allow; `prefill` is a batch of one.
+2. `_prefill_pass` pads a group to its bucket and runs the "prefill" program: the last
+   position's logits and every position's K/V.
+3. The first output token is sampled by the "sample" program, each row by its own parameters;
+   a prompt whose first token takes logits controls or a grammar mask runs the "controls"
+   program on its logits instead (`_prefill_controlled`), and its prompt logprobs when asked.
+4. `_prefixes` cuts each prompt's K/V to its true length, as the numpy arrays the prefill
+   worker sends to decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from splitserve.engine import programs as prog
+from splitserve.engine.buckets import pick
+from splitserve.engine.control_rows import ControlRows
+from splitserve.engine.interface import (
+    LogitsControls,
+    Prefix,
+    PromptLogprobs,
+    SamplingParams,
+    TopLogprobs,
+)
+
+
+class PrefillPath:
+    """Mixed into JaxEngine; uses its params, buckets, _program and _sampling_rows."""
+
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        out_pos: int = 0,
+        *,
+        controls: LogitsControls | None = None,
+        mask: np.ndarray | None = None,
+    ) -> Prefix:
+        if controls is None and mask is None:
+            return self.prefill_batch([tokens], [sampling], [out_pos])[0]
+        return self._prefill_controlled(self._check_prompt(tokens), sampling, out_pos,
+                                        controls, mask)  # fmt: skip
+
+    def _prefill_controlled(self, ids: np.ndarray, sampling: SamplingParams, out_pos: int,
+                            controls: LogitsControls | None, mask: np.ndarray | None) -> Prefix:
+        """One prompt whose first token takes controls or a mask: the plain prefill pass, then
+        the controls program on its logits (one row, its own ControlRows), then the prompt's
+        logprobs when asked for."""
+        controls = controls or LogitsControls()
+        self._check_controls(controls)
+        logits, lengths, k_np, v_np = self._prefill_pass([ids])
+        ints, floats = self._sampling_rows(sampling, out_pos=out_pos)
+        row = ControlRows(1, self.vocab_size)
+        row.set(0, controls, ids, out_pos, None)
+        masks = {} if mask is None else {0: np.asarray(mask, np.int32)}
+        inputs = row.inputs(1, masks)
+        program = self._program(("controls", 1, len(inputs) > 6))
+        tok, lp, top_ids, top_lps = program(logits, ints, floats, *inputs)
+        (prefix,) = self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:1], k_np, v_np,
+                                   [out_pos])  # fmt: skip
+        k = controls.top_logprobs
+        if k:
+            prefix.first_top = TopLogprobs(np.asarray(top_ids)[:, :k].copy(),
+                                           np.asarray(top_lps)[:, :k].copy())  # fmt: skip
+        if controls.needs_history:
+            prefix.context = ids.astype(np.int32)
+        if controls.prompt_logprobs >= 0 and out_pos == 0:
+            prefix.prompt_logprobs = self._prompt_logprobs(ids, controls.prompt_logprobs)
+        return prefix
+
+    def _prompt_logprobs(self, ids: np.ndarray, k: int) -> PromptLogprobs:
+        """The raw logprob and rank of each prompt token after the first, with top k."""
+        length = pick(self.prefill_buckets, len(ids))
+        tokens = np.zeros(length, np.int32)
+        tokens[: len(ids)] = ids
+        lp, ranks, top_ids, top_lps = self._program(("prompt", length))(self.params, tokens)
+        n = len(ids) - 1
+        top = None
+        if k:
+            top = TopLogprobs(np.asarray(top_ids)[:n, :k].copy(),
+                              np.asarray(top_lps)[:n, :k].copy())  # fmt: skip
+        return PromptLogprobs(np.asarray(lp)[:n].copy(), np.asarray(ranks)[:n].copy(), top)
+
+    def _check_controls(self, controls: LogitsControls) -> None:
+        why = controls.outside(self.vocab_size)
+        if why:
+            raise ValueError(why)
+
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        samplings: Sequence[SamplingParams],
+        out_pos: Sequence[int] | None = None,
+    ) -> list[Prefix]:
+        """Several prompts, in as few compiled calls as the token budget allows (in order,
+        each call padded to a (count, length) bucket); the same prefixes as one at a time."""
+        if len(prompts) != len(samplings):
+            raise ValueError("one SamplingParams per prompt")
+        positions = list(out_pos) if out_pos is not None else [0] * len(prompts)
+        checked = [self._check_prompt(p) for p in prompts]
+        out: list[Prefix] = []
+        start = 0
+        while start < len(checked):
+            end = start + 1
+            while end < len(checked) and self._fits(checked[start:end + 1]):
+                end += 1
+            out += self._prefill_call(checked[start:end], samplings[start:end],
+                                      positions[start:end])  # fmt: skip
+            start = end
+        return out
+
+    def _check_prompt(self, tokens: Sequence[int]) -> np.ndarray:
+        n = len(tokens)
+        if not 1 <= n <= self.max_seq_len:
+            raise ValueError(f"prompt of {n} tokens; this engine takes 1..{self.max_seq_len}")
+        ids = np.asarray(tokens, np.int64)
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def _prefill_shape(self, prompts: Sequence[np.ndarray]) -> tuple[int, int]:
+        length = pick(self.prefill_buckets, max(len(p) for p in prompts))
+        return pick(self.prefill_counts, len(prompts)), length
+
+    def _fits(self, prompts: Sequence[np.ndarray]) -> bool:
+        if len(prompts) > self.prefill_counts[-1]:
+            return False
+        return self._prefill_shape(prompts) in self.prefill_shapes
+
+    def _prefill_call(
+        self,
+        prompts: Sequence[np.ndarray],
+        samplings: Sequence[SamplingParams],
+        out_pos: Sequence[int],
+    ) -> list[Prefix]:
+        count = self._prefill_shape(prompts)[0]
+        ints = np.zeros((prog.INT_ROWS, count), np.int32)
+        floats = np.zeros((prog.FLOAT_ROWS, count), np.float32)
+        floats[prog.TOP_P] = 1.0
+        for i, (sp, pos) in enumerate(zip(samplings, out_pos, strict=True)):
+            ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=pos)
+        logits, lengths, k_np, v_np = self._prefill_pass(prompts)
+        greedy_only = all(sp.temperature <= 0 for sp in samplings)
+        tok, lp = self._program(("sample", count, greedy_only))(logits, ints, floats)
+        return self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:len(prompts)], k_np,
+                              v_np, out_pos)  # fmt: skip
+
+    def _prefill_pass(self, prompts: Sequence[np.ndarray]):
+        """The model pass over prompts padded to their bucket: (logits [count, V] on device,
+        lengths [count], k, v [count, layers, length, kv_heads, head_dim] as numpy)."""
+        count, length = self._prefill_shape(prompts)
+        tokens = np.zeros((count, length), np.int32)  # padding rows: one token of id 0
+        lengths = np.ones(count, np.int32)
+        for i, ids in enumerate(prompts):
+            tokens[i, :len(ids)] = ids
+            lengths[i] = len(ids)
+        logits, k, v = self._program(("prefill", count, length))(self.params, tokens, lengths)
+        return logits, lengths, np.asarray(k), np.asarray(v)
+
+    def _prefixes(self, tok, lp, lengths, k_np, v_np, out_pos) -> list[Prefix]:
+        return [
+            Prefix(
+                kv=[
+                    np.ascontiguousarray(k_np[i, :, :n], self.cache_dtype),
+                    np.ascontiguousarray(v_np[i, :, :n], self.cache_dtype),
+                ],
+                length=int(n),
+                first_token=int(tok[i]),
+                first_logprob=float(lp[i]),
+                out_pos=out_pos[i],
+            )
+            for i, n in enumerate(lengths)
+        ]
