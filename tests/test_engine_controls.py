@@ -254,3 +254,24 @@ def test_one_controlled_row_changes_nothing_for_the_plain_rows(mode):
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_array_equal(lps, want_lps)
     assert [t for t, *_ in busy[1]] != [t for t, *_ in plain[1]]  # the controls did act
+
+
+SAMPLINGS = {"hot": SamplingParams(temperature=0.7, seed=11),
+             "filtered": SamplingParams(temperature=1.3, top_k=9, top_p=0.8, seed=2),
+             "greedy": SamplingParams()}  # fmt: skip
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+def test_one_logprob_convention_with_and_without_controls(engine, sampling):
+    """A request's logprobs do not depend on whether it also asked for alternatives: the plain
+    programs (prefill's and decode's sampler) return the processed logprobs the controls
+    program does, the same tokens drawn."""
+    p = prompt(31)
+    plain = run(engine, [p], [sampling], [None])[0]
+    asked = run(engine, [p], [sampling], [LogitsControls(top_logprobs=2)])[0]
+    assert [t for t, *_ in plain] == [t for t, *_ in asked]
+    np.testing.assert_allclose([lp for _, lp, *_ in plain], [lp for _, lp, *_ in asked],
+                               atol=1e-4)  # fmt: skip
+    for (t, lp, ids, lps) in asked:  # and the token's own logprob is its alternative's
+        if t in ids.tolist():
+            assert lp == pytest.approx(float(lps[ids.tolist().index(t)]), abs=1e-5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,10 +106,33 @@ def test_samples_follow_the_softmax_distribution():
     want = np.exp(_log_softmax(logits))
     assert np.abs(freq - want).max() < 0.015
     np.testing.assert_allclose(lp, _log_softmax(logits)[tok], atol=1e-5)
-    # temperature 0.5 sharpens: the distribution of logits / 0.5
-    tok, _ = _run(rows, 0.5, 0, 1.0, np.arange(n), 0)
+    # temperature 0.5 sharpens: the distribution of logits / 0.5, and the logprobs are its own
+    tok, lp = _run(rows, 0.5, 0, 1.0, np.arange(n), 0)
     freq = np.bincount(tok, minlength=logits.size) / n
     assert np.abs(freq - np.exp(_log_softmax(logits / 0.5))).max() < 0.015
+    np.testing.assert_allclose(lp, _log_softmax(logits / 0.5)[tok], atol=1e-5)
+
+
+def test_sampled_logprobs_are_those_of_the_drawn_distribution():
+    """vLLM's processed logprobs: after temperature, top-k (renormalised over the k kept) and
+    top-p (over the nucleus), numpy-computed here; greedy rows keep their raw logprobs."""
+    rng = np.random.default_rng(4)
+    logits = (rng.standard_normal((300, 40)) * 2).astype(np.float32)
+    temps = np.where(np.arange(300) % 4 == 0, 0.0, 0.8).astype(np.float32)
+    tok, lp = _run(logits, temps, 6, 0.7, np.arange(300), 1)
+    for row, t, temp, got in zip(logits, tok, temps, lp, strict=True):
+        if temp == 0:
+            assert got == pytest.approx(_log_softmax(row)[t], abs=1e-5)
+            continue
+        z = row / temp
+        order = np.argsort(-z)[:6]  # top-k 6, then the nucleus of mass 0.7 among them
+        p = np.exp(z[order] - z[order].max())
+        p /= p.sum()
+        nucleus = order[np.concatenate([[0.0], np.cumsum(p)[:-1]]) < 0.7]
+        assert t in nucleus
+        kept = z[nucleus]
+        want = z[t] - (kept.max() + np.log(np.exp(kept - kept.max()).sum()))
+        assert got == pytest.approx(want, abs=1e-4)
 
 
 def test_filters_never_leak_and_top_k_one_is_greedy():

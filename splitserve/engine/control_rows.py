@@ -40,7 +40,6 @@ class ControlRows:
         self.on[row] = True
         self.cfloats[:, row] = (c.repetition_penalty, c.frequency_penalty, c.presence_penalty,
                                 c.min_p)  # fmt: skip
-        self.flags[ctl.PROCESSED, row] = 1
         self.flags[ctl.TOP_K_LOGPROBS, row] = c.top_logprobs
         n = len(c.bias_ids)
         self.bias_ids[row, :n] = c.bias_ids
@@ -118,9 +117,6 @@ class ControlRows:
         a row may repeat: padding to a compiled count)."""
         rows = np.arange(batch) if rows is None else np.asarray(rows)
         flags = self.flags[:, rows]  # fancy indexing: a copy
-        for i, row in enumerate(rows.tolist()):
-            if row in masks:  # a masked row is processed even when inserted without controls
-                flags[ctl.PROCESSED, i] = 1
         args = (np.ascontiguousarray(self.cfloats[:, rows]), flags, self.allowed(rows, masks),
                 self.bias_ids[rows], self.bias_vals[rows],
                 self.banned(batch)[rows])  # fmt: skip

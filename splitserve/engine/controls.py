@@ -9,8 +9,7 @@ indexed by row:
 
 - ints / floats: the packed sampling rows of programs.py (token, position, seed, ...);
 - cfloats [CF_ROWS, b]: repetition, frequency and presence penalties, min-p;
-- flags [FLAG_ROWS, b] int32: whether the row is processed (controls or a mask; a plain row
-  sharing the batch gets exactly what the plain sampler gives it) and its top-logprob count;
+- flags [FLAG_ROWS, b] int32: the row's top-logprob count;
 - allowed [b, W] int32: packed allowed-token bits (llguidance's layout; -1 words for a row
   without a grammar);
 - bias_ids / bias_vals [b, MAX_LOGIT_BIAS]: sparse logit bias, padded with id V (dropped);
@@ -33,8 +32,8 @@ from splitserve.engine.interface import MAX_TOP_LOGPROBS
 
 REP, FREQ, PRES, MIN_P = range(4)
 CF_ROWS = 4
-PROCESSED, TOP_K_LOGPROBS = range(2)
-FLAG_ROWS = 2
+TOP_K_LOGPROBS = 0
+FLAG_ROWS = 1
 
 
 def unpack_allowed(bits, vocab: int):
@@ -99,9 +98,9 @@ def _draw(z, temperature, top_k, top_p, min_p, seeds, positions):
 def process(logits, temperature, top_k, top_p, seeds, positions, cfloats, flags, allowed,
             bias_ids, bias_vals, banned, hist=None):  # fmt: skip
     """The whole order on [b, V] logits. Returns (tokens [b], logprobs [b], top ids [b, 20],
-    top logprobs [b, 20]). A processed row's logprobs are log_softmax of its logits after steps
-    1-6 (1-4 when greedy): vLLM's processed logprobs. A plain row's are the plain sampler's
-    (of the raw logits), so that sharing a batch changes nothing for it."""
+    top logprobs [b, 20]). Logprobs are log_softmax of the logits after steps 1-6 (1-4 when
+    greedy): vLLM's processed logprobs, the plain sampler's convention too (sampling.py), so a
+    row with neutral controls gets the plain path's logprobs."""
     hot = temperature > 0
     z = _before_temperature(logits, cfloats, allowed, bias_ids, bias_vals, banned, hist)
     need_draw = jnp.any(hot)
@@ -115,11 +114,7 @@ def process(logits, temperature, top_k, top_p, seeds, positions, cfloats, flags,
     best, _ = sampler._argmax_and_logsumexp(z)
     tokens = jnp.where(hot, drawn, best)
     logp = _log_softmax(z)
-    processed = flags[PROCESSED] > 0
-    _, raw_lse = sampler._argmax_and_logsumexp(logits)
-    raw = sampler._logprob_of(logits, tokens, raw_lse)
-    picked = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-    logprobs = jnp.where(processed, picked, raw)
+    logprobs = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     k = min(MAX_TOP_LOGPROBS, logits.shape[-1])
     top_lp, top_ids = lax.cond(
         jnp.any(flags[TOP_K_LOGPROBS] > 0),

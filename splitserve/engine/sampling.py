@@ -12,7 +12,9 @@ Two variants, chosen by the engine per step:
 Reproducibility: a slot's draw at output position i uses key fold_in(PRNGKey(seed), i) and
 nothing else, so the token depends only on (seed, i, logits, params), never on the batch
 or the slot. Seeds are taken modulo 2**32.
-The returned log-probability is log_softmax of the *unscaled* logits at the chosen token.
+Log-probabilities are vLLM's processed logprobs, the one convention of every path (the controls
+program's too, controls.py): the log-probability of the chosen token in the distribution it was
+drawn from, after temperature, top-k and top-p; a greedy row's are of its logits as they are.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ def sample(logits, temperature, top_k, top_p, seeds, positions):
 
     logits [S, V] float32; temperature [S] float32 (0 = greedy); top_k [S] int32 (0 = off);
     top_p [S] float32 (1 = off); seeds [S] uint32; positions [S] int32 output positions.
-    Returns (tokens [S] int32, logprobs [S] float32).
+    Returns (tokens [S] int32, logprobs [S] float32): a hot row's logprob is its token's in
+    the drawn distribution (temperature, then top-k and top-p), a greedy row's its raw one.
     """
     vocab = logits.shape[-1]
     hot = temperature > 0
@@ -155,4 +158,10 @@ def sample(logits, temperature, top_k, top_p, seeds, positions):
     drawn = _inverse_cdf(probs, _uniforms(seeds, positions))
     best, lse = _argmax_and_logsumexp(logits)
     tokens = jnp.where(hot, drawn, best)
-    return tokens, _logprob_of(logits, tokens, lse)
+    # the drawn distribution's log-softmax: z minus the logsumexp over the kept tokens, that
+    # is over all of z plus the log of the kept probability mass (1 without top-p)
+    z_max = jnp.max(z, axis=-1)
+    kept = jnp.sum(probs, axis=-1)
+    z_lse = z_max + jnp.log(jnp.sum(jnp.exp(z - z_max[:, None]), axis=-1)) + jnp.log(kept)
+    hot_lp = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - z_lse
+    return tokens, jnp.where(hot, hot_lp, _logprob_of(logits, tokens, lse))
