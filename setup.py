@@ -31,10 +31,14 @@ setup(
             sources=[
                 "splitserve/engine/native/ffi_common.c",
                 "splitserve/engine/native/qmatmul.c",
+                "splitserve/engine/native/qmatmul_x86.c",
                 "splitserve/engine/native/attention.c",
             ],
             include_dirs=["splitserve/engine/native", *INCLUDE],
-            depends=["splitserve/engine/native/ffi_common.h"],
+            depends=[
+                "splitserve/engine/native/ffi_common.h",
+                "splitserve/engine/native/qmatmul.h",
+            ],
             extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
             libraries=["m"],
             optional=True,

@@ -1,0 +1,58 @@
+/* What the matrix-product kernels share (qmatmul.c: the portable path and the FFI handler;
+   qmatmul_x86.c: the AVX-512 and AVX2 paths): the job, the block layout, the prefetch. */
+
+#ifndef SPLITSERVE_QMATMUL_H_
+#define SPLITSERVE_QMATMUL_H_
+
+#include "ffi_common.h"
+
+#define BLOCK 32
+#define MAX_BLOCKS 1024 /* K <= 32768: the scales of one row fit on the stack */
+#define MAX_CB 8        /* batch rows per pass over a weight row (accumulators in registers) */
+
+enum { FMT_Q8_0 = 0, FMT_Q4_1 = 1, FMT_BF16 = 2 };
+
+typedef struct Job Job;
+typedef void RowsFn(const Job* j, int64_t n0, int64_t n1);
+
+struct Job {
+  RowsFn* rows;
+  int fmt;
+  int64_t B, K, N;
+  const float* x;     /* [B, K] */
+  const void* w;      /* qs (int8 / uint8 nibbles) or bf16 bits */
+  const uint16_t* d;  /* [N, K/32] f16 */
+  const uint16_t* m;  /* [N, K/32] f16 (q4_1) */
+  float* y;           /* [B, N] */
+};
+
+/* A row's weights are read once, start to end, row after row: one long stream. One core keeps
+   too few misses in flight to stream it at the memory's pace while it computes, so each row
+   asks for the lines of the row PREFETCH_BYTES ahead. Measured on a cold 1536x576 matrix at one
+   batch row (minimum of 20 passes over 200 matrices, 6 alternating runs): q4_1 0.089 -> 0.063
+   ms, q8_0 0.146 -> 0.104 with 4 KiB ahead; no change at 16 rows (there it computes). */
+#define PREFETCH_BYTES 4096
+
+static inline int64_t row_bytes(const Job* j) {
+  return j->fmt == FMT_Q8_0 ? j->K : (j->fmt == FMT_Q4_1 ? j->K / 2 : 2 * j->K);
+}
+
+static inline void prefetch_row(const Job* j, int64_t n) {
+#ifdef SPLITSERVE_X86
+  const int64_t size = row_bytes(j), nb = j->K / BLOCK;
+  const char* q = (const char*)j->w + n * size;
+  for (int64_t i = 0; i < size; i += 64) _mm_prefetch(q + i, _MM_HINT_T0);
+  if (j->d) _mm_prefetch((const char*)(j->d + n * nb), _MM_HINT_T0);
+  if (j->m) _mm_prefetch((const char*)(j->m + n * nb), _MM_HINT_T0);
+#else
+  (void)j;
+  (void)n;
+#endif
+}
+
+#ifdef SPLITSERVE_X86
+void rows_avx512(const Job* j, int64_t n0, int64_t n1); /* qmatmul_x86.c */
+void rows_avx2(const Job* j, int64_t n0, int64_t n1);
+#endif
+
+#endif /* SPLITSERVE_QMATMUL_H_ */

@@ -1,0 +1,258 @@
+/* The AVX-512 and AVX2 paths of qmatmul.c's matrix products (each compiled for its instruction
+   set by a target attribute; qmatmul.c picks one at run time). Same sums in the same order per
+   row whatever the batch (see qmatmul.c on exactness). */
+
+#include "qmatmul.h"
+
+#ifdef SPLITSERVE_X86
+
+/* ---- AVX-512: 16 lanes, two accumulators per batch row (low and high half of a block) ----- */
+
+TARGET_AVX512 static void scales_avx512(const uint16_t* h, int64_t nb, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= nb; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(h + i))));
+  for (; i < nb; ++i) out[i] = _cvtsh_ss(h[i]);
+}
+
+/* One weight row against batch rows b0 .. b0 + cb - 1. `lo`, `hi`: the block's 32 weights. */
+#define AVX512_ACCUMULATE(lo, hi)                                            \
+  for (int b = 0; b < cb; ++b) {                                             \
+    const float* xb = x + (b0 + b) * K + blk * BLOCK;                        \
+    acc_lo[b] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc_lo[b]);         \
+    acc_hi[b] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), acc_hi[b]);    \
+  }
+
+#define AVX512_STORE()                                                                   \
+  for (int b = 0; b < cb; ++b)                                                           \
+    j->y[(b0 + b) * j->N + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc_lo[b], acc_hi[b]));
+
+TARGET_AVX512 INLINE void q8_0_avx512_cb(const Job* j, int64_t n, int64_t b0, const int cb,
+                                         const float* ds) {
+  const int64_t K = j->K, nb = K / BLOCK;
+  const float* x = j->x;
+  const int8_t* q = (const int8_t*)j->w + n * K;
+  __m512 acc_lo[MAX_CB], acc_hi[MAX_CB];
+  for (int b = 0; b < cb; ++b) acc_lo[b] = acc_hi[b] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const __m512 d = _mm512_set1_ps(ds[blk]);
+    const int8_t* qb = q + blk * BLOCK;
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)qb)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(qb + 16))));
+    lo = _mm512_mul_ps(lo, d);
+    hi = _mm512_mul_ps(hi, d);
+    AVX512_ACCUMULATE(lo, hi)
+  }
+  AVX512_STORE()
+}
+
+TARGET_AVX512 INLINE void q4_1_avx512_cb(const Job* j, int64_t n, int64_t b0, const int cb,
+                                         const float* ds, const float* ms) {
+  const int64_t K = j->K, nb = K / BLOCK;
+  const float* x = j->x;
+  const uint8_t* q = (const uint8_t*)j->w + n * (K / 2);
+  /* The block's 16 possible weights d * q + m (one rounding each, as gguf's dequantizer) in a
+     register, looked up by nibble (vpermps reads an index's low 4 bits only): 7 vector
+     operations per 32 weights instead of 9 with two conversions and two more multiply-adds. */
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512 acc_lo[MAX_CB], acc_hi[MAX_CB];
+  for (int b = 0; b < cb; ++b) acc_lo[b] = acc_hi[b] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds[blk]), _mm512_set1_ps(ms[blk]));
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + blk * 16)));
+    const __m512 lo = _mm512_permutexvar_ps(v, table);
+    const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+    AVX512_ACCUMULATE(lo, hi)
+  }
+  AVX512_STORE()
+}
+
+TARGET_AVX512 INLINE void bf16_avx512_cb(const Job* j, int64_t n, int64_t b0, const int cb) {
+  const int64_t K = j->K, nb = K / BLOCK;
+  const float* x = j->x;
+  const uint16_t* q = (const uint16_t*)j->w + n * K;
+  __m512 acc_lo[MAX_CB], acc_hi[MAX_CB];
+  for (int b = 0; b < cb; ++b) acc_lo[b] = acc_hi[b] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const uint16_t* qb = q + blk * BLOCK;
+    const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)qb)), 16));
+    const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(qb + 16))), 16));
+    AVX512_ACCUMULATE(lo, hi)
+  }
+  AVX512_STORE()
+}
+
+/* The batch loop: chunks of MAX_CB, each specialised on its size so the accumulators stay in
+   registers. */
+#define DISPATCH_CB(call)                                           \
+  for (int64_t b0 = 0; b0 < j->B; b0 += MAX_CB) {                   \
+    const int64_t left = j->B - b0;                                 \
+    switch (left < MAX_CB ? left : MAX_CB) {                        \
+      case 1: call(1); break;                                       \
+      case 2: call(2); break;                                       \
+      case 3: call(3); break;                                       \
+      case 4: call(4); break;                                       \
+      case 5: call(5); break;                                       \
+      case 6: call(6); break;                                       \
+      case 7: call(7); break;                                       \
+      default: call(8); break;                                      \
+    }                                                               \
+  }
+
+TARGET_AVX512 void rows_avx512(const Job* j, int64_t n0, int64_t n1) {
+  const int64_t nb = j->K / BLOCK;
+  const int64_t ahead = PREFETCH_BYTES / row_bytes(j) + 1;
+  float ds[MAX_BLOCKS], ms[MAX_BLOCKS];
+  for (int64_t n = n0; n < n1; ++n) {
+    if (n + ahead < n1) prefetch_row(j, n + ahead);
+    if (j->fmt == FMT_Q8_0) {
+      scales_avx512(j->d + n * nb, nb, ds);
+#define CALL(cb) q8_0_avx512_cb(j, n, b0, cb, ds)
+      DISPATCH_CB(CALL)
+#undef CALL
+    } else if (j->fmt == FMT_Q4_1) {
+      scales_avx512(j->d + n * nb, nb, ds);
+      scales_avx512(j->m + n * nb, nb, ms);
+#define CALL(cb) q4_1_avx512_cb(j, n, b0, cb, ds, ms)
+      DISPATCH_CB(CALL)
+#undef CALL
+    } else {
+#define CALL(cb) bf16_avx512_cb(j, n, b0, cb)
+      DISPATCH_CB(CALL)
+#undef CALL
+    }
+  }
+}
+
+/* ---- AVX2: 8 lanes, four accumulators per batch row (the block's four quarters) ------------ */
+
+/* AVX2 has 16 registers: two batch rows per pass (8 accumulators, 4 weights, 2 scales). */
+#define AVX2_CB 2
+
+TARGET_AVX2 static void scales_avx2(const uint16_t* h, int64_t nb, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= nb; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
+  for (; i < nb; ++i) out[i] = _cvtsh_ss(h[i]);
+}
+
+TARGET_AVX2 static inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+#define AVX2_ACCUMULATE(w0, w1, w2, w3)                                  \
+  for (int b = 0; b < cb; ++b) {                                         \
+    const float* xb = x + (b0 + b) * K + blk * BLOCK;                    \
+    acc[b][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[b][0]);     \
+    acc[b][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[b][1]); \
+    acc[b][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[b][2]);\
+    acc[b][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[b][3]);\
+  }
+
+#define AVX2_STORE()                                                                  \
+  for (int b = 0; b < cb; ++b)                                                        \
+    j->y[(b0 + b) * j->N + n] = hsum_avx2(_mm256_add_ps(                              \
+        _mm256_add_ps(acc[b][0], acc[b][1]), _mm256_add_ps(acc[b][2], acc[b][3])));
+
+#define AVX2_ZERO() \
+  for (int b = 0; b < cb; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = _mm256_setzero_ps();
+
+TARGET_AVX2 static inline __m256 avx2_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+TARGET_AVX2 INLINE void q8_0_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb,
+                                     const float* ds) {
+  const int64_t K = j->K, nb = K / BLOCK;
+  const float* x = j->x;
+  const int8_t* q = (const int8_t*)j->w + n * K;
+  __m256 acc[AVX2_CB][4];
+  AVX2_ZERO()
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const __m256 d = _mm256_set1_ps(ds[blk]);
+    const int8_t* qb = q + blk * BLOCK;
+    const __m256 w0 = _mm256_mul_ps(avx2_i8(qb), d), w1 = _mm256_mul_ps(avx2_i8(qb + 8), d);
+    const __m256 w2 = _mm256_mul_ps(avx2_i8(qb + 16), d), w3 = _mm256_mul_ps(avx2_i8(qb + 24), d);
+    AVX2_ACCUMULATE(w0, w1, w2, w3)
+  }
+  AVX2_STORE()
+}
+
+TARGET_AVX2 INLINE void q4_1_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb,
+                                     const float* ds, const float* ms) {
+  const int64_t K = j->K, nb = K / BLOCK;
+  const float* x = j->x;
+  const uint8_t* q = (const uint8_t*)j->w + n * (K / 2);
+  const __m256i low4 = _mm256_set1_epi32(0xf);
+  __m256 acc[AVX2_CB][4];
+  AVX2_ZERO()
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const __m256 d = _mm256_set1_ps(ds[blk]), m = _mm256_set1_ps(ms[blk]);
+    const uint8_t* qb = q + blk * 16;
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qb));
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qb + 8)));
+    const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, low4)), d, m);
+    const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low4)), d, m);
+    const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m);
+    const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d, m);
+    AVX2_ACCUMULATE(w0, w1, w2, w3)
+  }
+  AVX2_STORE()
+}
+
+TARGET_AVX2 static inline __m256 avx2_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+TARGET_AVX2 INLINE void bf16_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb) {
+  const int64_t K = j->K, nb = K / BLOCK;
+  const float* x = j->x;
+  const uint16_t* q = (const uint16_t*)j->w + n * K;
+  __m256 acc[AVX2_CB][4];
+  AVX2_ZERO()
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const uint16_t* qb = q + blk * BLOCK;
+    const __m256 w0 = avx2_bf16(qb), w1 = avx2_bf16(qb + 8);
+    const __m256 w2 = avx2_bf16(qb + 16), w3 = avx2_bf16(qb + 24);
+    AVX2_ACCUMULATE(w0, w1, w2, w3)
+  }
+  AVX2_STORE()
+}
+
+#define DISPATCH_CB2(call)                                          \
+  for (int64_t b0 = 0; b0 < j->B; b0 += AVX2_CB) {                  \
+    if (j->B - b0 >= 2) call(2); else call(1);                      \
+  }
+
+TARGET_AVX2 void rows_avx2(const Job* j, int64_t n0, int64_t n1) {
+  const int64_t nb = j->K / BLOCK;
+  const int64_t ahead = PREFETCH_BYTES / row_bytes(j) + 1;
+  float ds[MAX_BLOCKS], ms[MAX_BLOCKS];
+  for (int64_t n = n0; n < n1; ++n) {
+    if (n + ahead < n1) prefetch_row(j, n + ahead);
+    if (j->fmt == FMT_Q8_0) {
+      scales_avx2(j->d + n * nb, nb, ds);
+#define CALL(cb) q8_0_avx2_cb(j, n, b0, cb, ds)
+      DISPATCH_CB2(CALL)
+#undef CALL
+    } else if (j->fmt == FMT_Q4_1) {
+      scales_avx2(j->d + n * nb, nb, ds);
+      scales_avx2(j->m + n * nb, nb, ms);
+#define CALL(cb) q4_1_avx2_cb(j, n, b0, cb, ds, ms)
+      DISPATCH_CB2(CALL)
+#undef CALL
+    } else {
+#define CALL(cb) bf16_avx2_cb(j, n, b0, cb)
+      DISPATCH_CB2(CALL)
+#undef CALL
+    }
+  }
+}
+
+#endif /* SPLITSERVE_X86 */
