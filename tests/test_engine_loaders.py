@@ -314,3 +314,49 @@ def test_engine_factory_runs_a_loaded_folder(tmp_path):
     assert prefix.first_token == int(want.argmax())
     with pytest.raises(FileNotFoundError):
         build_jax_engine(str(tmp_path / "missing"), 2, 32)
+
+
+def test_lazy_gguf_weights_know_their_shapes_before_they_are_made(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, _weights(4, tied=False))
+    _, weights = load_model(path)
+    assert set(weights) >= {"embed", "wq", "w_down", "head"} and "nothing" not in weights
+    assert not weights._made  # reading names and shapes makes nothing
+    for name in weights:
+        assert tuple(weights[name].shape) == weights.shape_of(name), name
+
+
+def test_an_engine_of_one_side_prepares_only_its_weights(tmp_path):
+    """A decode worker's engine makes float32 copies only of what the native kernel cannot take
+    as the file has it; a prefill worker's reads no native blocks; each computes what an engine
+    of both sides does on its side."""
+    from splitserve.engine.interface import SamplingParams
+    from splitserve.engine.jax_engine import JaxEngine, load_native
+
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, _weights(5, tied=False))
+    cfg, weights = load_model(path)
+    native = load_native(path, cfg)
+    decode = JaxEngine(cfg, weights, 2, 64, native=native, sides=("decode",))
+    fused = {"wq": ("wq", "wk", "wv"), "wk": ("wq", "wk", "wv"), "wv": ("wq", "wk", "wv"),
+             "w_gate": ("w_gate", "w_up"), "w_up": ("w_gate", "w_up"), "wo": ("wo",),
+             "w_down": ("w_down",), "head": ("head",)}  # fmt: skip
+    lacking = {name for name, group in fused.items()
+               if any(native[g] is None or (isinstance(native[g], list) and None in native[g])
+                      for g in group)}  # fmt: skip
+    assert set(weights._made) <= {"embed", "attn_norm", "ffn_norm", "final_norm"} | lacking
+    assert decode.params is decode.decode_params  # no float32 prefill copy
+
+    prefill = build_jax_engine(path, 2, 64, sides=("prefill",))
+    assert prefill.params is prefill.decode_params and prefill.weight_format == "float32"
+    both = build_jax_engine(path, 2, 64)
+    a, b = both.prefill(TOKENS, SamplingParams()), prefill.prefill(TOKENS, SamplingParams())
+    np.testing.assert_array_equal(a.kv[0], b.kv[0])
+    assert a.first_token == b.first_token
+    runs = []
+    for engine in (both, decode):
+        engine.insert(a, 0, SamplingParams())
+        runs.append([int(engine.generate().tokens[0]) for _ in range(6)])
+    assert runs[0] == runs[1]
+    with pytest.raises(ValueError, match="sides"):
+        JaxEngine(cfg, weights, 2, 64, sides=("router",))

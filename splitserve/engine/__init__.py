@@ -8,9 +8,10 @@ from splitserve.config import ModelConfig
 from splitserve.engine.interface import Engine
 
 
-def build_engine(model: ModelConfig, vocab_size: int, role: str = "decode") -> Engine:
+def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -> Engine:
     """The engine a worker drives. vocab_size (the tokenizer's) sizes the fake engine only;
-    role ("prefill" or "decode") picks the XLA thread count (model.cpu_threads is decode's)."""
+    role ("prefill" or "decode") picks the XLA thread count (model.cpu_threads is decode's)
+    and the side whose weights the JAX engine prepares (None: both, as benchmarks use it)."""
     if model.engine == "fake":
         from splitserve.engine.fake import FakeEngine
 
@@ -25,7 +26,7 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str = "decode") -> E
     from splitserve.engine.jax_setup import backend_started, configure_jax_runtime
 
     if not backend_started():  # in threads mode the second engine finds JAX set up already
-        threads = model.cpu_threads if role == "decode" else 0
+        threads = model.cpu_threads if role != "prefill" else 0
         configure_jax_runtime(cpu_threads=threads or None)
     # the compiled programs are kept as executables there (engine/executables.py: a restart
     # loads them without tracing), instead of in JAX's own persistent cache
@@ -36,6 +37,7 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str = "decode") -> E
         prefill_buckets=tuple(model.prefill_buckets) or None,
         prefix_reuse=model.prefix_cache and role == "prefill",
         executable_dir=executables,
+        sides=(role,) if role else ("prefill", "decode"),
     )  # fmt: skip
 
 

@@ -42,6 +42,7 @@ rows of a decode step jax_controlled.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +107,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         shrink_after_steps: int = 256,
         prefix_reuse: bool = False,
         executable_dir: str | None = None,
+        sides: Sequence[str] = ("prefill", "decode"),
     ):
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(
@@ -146,15 +148,21 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         # (default model, 64 and 128 tokens: 2x less CPU time; 16 tokens: 0.7x).
         self.weight_format = weight_format
         self.prefill_weight_format = prefill_weight_format or "float32"
-        self.decode_params = llama_model.prepare_params(
-            cfg, weights, param_dtype, weights=weight_format, native=native
-        )
+        # A worker runs one side: the other side's weights would cost memory and start-up
+        # time for nothing (an engine of one side still runs the other, in its own weights).
+        if not set(sides) <= {"prefill", "decode"} or not sides:
+            raise ValueError(f"sides {sides!r}: some of 'prefill', 'decode'")
+        self.sides = tuple(sides)
+        if "decode" not in sides:
+            self.weight_format = self.prefill_weight_format
+        elif "prefill" not in sides:
+            self.prefill_weight_format = weight_format
+        prepare = partial(llama_model.prepare_params, cfg, weights, param_dtype, native=native)
+        self.decode_params = prepare(weights=self.weight_format)
         self.params = (  # the prefill side's
             self.decode_params
-            if self.prefill_weight_format == weight_format
-            else llama_model.prepare_params(
-                cfg, weights, param_dtype, weights=self.prefill_weight_format, native=native
-            )
+            if self.prefill_weight_format == self.weight_format
+            else prepare(weights=self.prefill_weight_format)
         )
         self._capacity = self.decode_buckets[0]
         self.shrink_after_steps = shrink_after_steps
@@ -386,9 +394,13 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
 
 
 def build_jax_engine(model: str, num_slots: int, max_seq_len: int, **options) -> JaxEngine:
-    """The factory worker processes call; `options` go to JaxEngine (buckets, formats)."""
+    """The factory worker processes call; `options` go to JaxEngine (buckets, formats, sides).
+    A GGUF file's own blocks are read only when a side this engine runs may use them."""
     cfg, weights = load_model(model)
-    formats = {options.get("weight_format", "auto"), options.get("prefill_weight_format")}
+    sides = options.get("sides", ("prefill", "decode"))
+    formats = {options.get("prefill_weight_format")}
+    if "decode" in sides:
+        formats.add(options.get("weight_format", "auto"))
     if formats & {"gguf", "auto"} and "native" not in options:
         options["native"] = load_native(model, cfg)
     return JaxEngine(cfg, weights, num_slots, max_seq_len, **options)

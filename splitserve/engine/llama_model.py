@@ -53,11 +53,12 @@ def check_weights(cfg: LlamaConfig, w: dict[str, np.ndarray]) -> None:
     }
     if not c.tie_embeddings:
         expected["head"] = (c.hidden, c.vocab_size)
+    shape_of = getattr(w, "shape_of", lambda name: tuple(w[name].shape))  # lazy: no load
     for name, shape in expected.items():
         if name not in w:
             raise ValueError(f"weights lack {name!r}")
-        if tuple(w[name].shape) != shape:
-            raise ValueError(f"weight {name!r} has shape {w[name].shape}, expected {shape}")
+        if shape_of(name) != shape:
+            raise ValueError(f"weight {name!r} has shape {shape_of(name)}, expected {shape}")
 
 
 def prepare_params(
@@ -81,7 +82,7 @@ def prepare_params(
     f32 = lambda a: jnp.asarray(a, jnp.float32)
 
     def mat(names: list[str], i: int | None = None):
-        parts = [w[n] if i is None else w[n][i] for n in names]
+        parts = lambda: [w[n] if i is None else w[n][i] for n in names]  # noqa: E731
         got = [native.get(n) for n in names]
         own = None if any(g is None for g in got) else [g if i is None else g[i] for g in got]
         return quant.device_matrix(weights, parts, own, dtype)
@@ -98,12 +99,14 @@ def prepare_params(
         }
         for i in range(cfg.layers)
     ]
-    head = w["embed"].T if cfg.tie_embeddings else w["head"]  # [hidden, vocab]
+    head_of = lambda: w["embed"].T if cfg.tie_embeddings else w["head"]  # noqa: E731 [hidden, vocab]
     head_native = native.get("head")
-    head_q = quant.device_matrix(weights, [head], head_native and [head_native], dtype)
+    head_q = quant.device_matrix(weights, lambda: [head_of()], head_native and [head_native],
+                                 dtype)  # fmt: skip
     if isinstance(head_q, quant.QMatrix):
         head_blocks = [head_q]  # the kernel takes a wide matrix in one call
     else:
+        head = head_of()
         # A large vocabulary is split into column blocks: XLA's CPU matmul slows down several
         # times over a very wide right-hand side (49152 columns: 33 ms vs 9 ms in blocks).
         step = HEAD_BLOCK if cfg.vocab_size > 2 * HEAD_BLOCK else cfg.vocab_size

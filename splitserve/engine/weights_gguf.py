@@ -2,8 +2,8 @@
 
 The header is read by splitserve.gguf_header (metadata scalars and the tensor table; the
 tokenizer's arrays are skipped); tensor data is memory-mapped. `load_gguf` dequantizes
-every tensor (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) to float32 once at load time with
-`gguf.quants.dequantize`: the canonical weights every engine path starts from.
+each tensor (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) to float32 with `gguf.quants.dequantize` when
+it is first used: the canonical weights every engine path starts from.
 `load_gguf_native` also hands over the file's Q8_0, Q4_0 and Q4_1 matrices as they are, for
 the native kernel (quant.py), which computes with exactly those values at a quarter to a
 sixth of float32's memory traffic.
@@ -14,6 +14,8 @@ We undo that permutation here so one model implementation serves every weight so
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
@@ -68,23 +70,52 @@ def config_from_gguf(meta: dict, names: set[str], vocab_rows: int) -> LlamaConfi
     )
 
 
-def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
-    """Read config and canonical float32 weights from a GGUF file."""
+class LazyWeights(Mapping):
+    """Canonical weights made on first use, then kept: an engine that computes with a GGUF
+    file's own blocks (the decode side) never needs the float32 copies of those matrices, which
+    for the default model take 2 s to make and 0.5 GB to hold. `shape_of` answers without
+    making the array (llama_model.check_weights)."""
+
+    def __init__(self, makers: dict[str, Callable[[], np.ndarray]], shapes: dict[str, tuple]):
+        self._makers, self._shapes, self._made = makers, shapes, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._made:
+            self._made[name] = self._makers[name]()
+        return self._made[name]
+
+    def __contains__(self, name: object) -> bool:  # Mapping's own would make the array
+        return name in self._makers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+    def shape_of(self, name: str) -> tuple:
+        return self._shapes[name]
+
+
+def load_gguf(path: str) -> tuple[LlamaConfig, LazyWeights]:
+    """Read config and canonical float32 weights from a GGUF file (dequantized on first use)."""
     meta, raw = read_gguf(path)
-    tensors = {
-        name: np.asarray(dequantize(data, qtype), np.float32).reshape(shape)  # [out, in]
-        for name, (qtype, shape, data) in raw.items()
-    }
-    cfg = config_from_gguf(meta, set(tensors), tensors["token_embd.weight"].shape[0])
+    shapes = {name: tuple(shape) for name, (_, shape, _) in raw.items()}  # [out, in]
+    cfg = config_from_gguf(meta, set(raw), shapes["token_embd.weight"][0])
 
-    def per_layer(name: str, transform=lambda a: a) -> np.ndarray:
-        return np.stack([transform(tensors[f"blk.{i}.{name}.weight"]) for i in range(cfg.layers)])
+    def tensor(name: str) -> np.ndarray:
+        qtype, shape, data = raw[name]
+        return np.asarray(dequantize(data, qtype), np.float32).reshape(shape)
 
-    def linear(name: str, transform=lambda a: a) -> np.ndarray:
+    def per_layer(name: str, transform=lambda a: a) -> Callable[[], np.ndarray]:
+        return lambda: np.stack([transform(tensor(f"blk.{i}.{name}.weight"))
+                                 for i in range(cfg.layers)])  # fmt: skip
+
+    def linear(name: str, transform=lambda a: a) -> Callable[[], np.ndarray]:
         return per_layer(name, lambda a: np.ascontiguousarray(transform(a).T))  # -> [in, out]
 
-    w = {
-        "embed": tensors["token_embd.weight"],
+    makers = {
+        "embed": lambda: tensor("token_embd.weight"),
         "attn_norm": per_layer("attn_norm"),
         "wq": linear("attn_q", lambda a: unpermute_rotary(a, cfg.heads)),
         "wk": linear("attn_k", lambda a: unpermute_rotary(a, cfg.kv_heads)),
@@ -94,11 +125,22 @@ def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
         "w_gate": linear("ffn_gate"),
         "w_up": linear("ffn_up"),
         "w_down": linear("ffn_down"),
-        "final_norm": tensors["output_norm.weight"],
+        "final_norm": lambda: tensor("output_norm.weight"),
     }
+    block = lambda name: shapes[f"blk.0.{name}.weight"]  # noqa: E731
+    out = {
+        "embed": shapes["token_embd.weight"],
+        "final_norm": shapes["output_norm.weight"],
+        **{k: (cfg.layers, *block(n)) for k, n in (("attn_norm", "attn_norm"),
+                                                     ("ffn_norm", "ffn_norm"))},
+        **{k: (cfg.layers, *block(n)[::-1]) for k, n in (
+            ("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
+            ("w_gate", "ffn_gate"), ("w_up", "ffn_up"), ("w_down", "ffn_down"))},
+    }  # fmt: skip
     if not cfg.tie_embeddings:
-        w["head"] = np.ascontiguousarray(tensors["output.weight"].T)
-    return cfg, w
+        makers["head"] = lambda: np.ascontiguousarray(tensor("output.weight").T)
+        out["head"] = shapes["output.weight"][::-1]
+    return cfg, LazyWeights(makers, out)
 
 
 # Canonical matrix name -> (GGUF tensor name in a block, heads whose rotary rows to un-permute)
