@@ -28,7 +28,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 3 --dist loadfile
 
 # the shipped supervisord configs, generated from the shipped cluster files (a test checks them)
 deploy-configs: $(STAMP)

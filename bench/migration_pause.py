@@ -77,6 +77,21 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise TimeoutError("stack not ready")
 
 
+def wait_back(url: str, role: str, old_pid: int, since: float, out: dict) -> None:
+    """Poll /health until (role, 0) is ready again under another pid; out["s"]: how long."""
+    deadline = since + 900
+    while time.monotonic() < deadline:
+        try:
+            for w in httpx.get(f"{url}/health", timeout=2).json()["workers"]:
+                if (w["role"], w["index"]) == (role, 0) and w["state"] == "ready" \
+                        and w["pid"] != old_pid:
+                    out["s"] = time.monotonic() - since
+                    return
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+
+
 def one_failure(args, url: str, proc, role: str, how: str) -> dict:
     wait_ready(url, proc, 900)
     started = threading.Event()
@@ -86,13 +101,19 @@ def one_failure(args, url: str, proc, role: str, how: str) -> dict:
         started.wait(120)
         time.sleep(args.kill_after_s)  # a benchmark, not a test: mid-stream on purpose
         pid = pid_of(url, role)
+        killed_at = time.monotonic()
+        back: dict = {}
+        watcher = threading.Thread(target=wait_back, args=(url, role, pid, killed_at, back))
         if how == "kill":
             os.kill(pid, signal.SIGKILL)
+            watcher.start()
         else:
             os.kill(pid, signal.SIGSTOP)
             time.sleep(args.stop_s)
             os.kill(pid, signal.SIGCONT)
         results = [f.result() for f in futures]
+    if how == "kill":
+        watcher.join(900)
     gaps = [r["longest_gap_s"] for r in results]
     p50, p99 = quantiles(gaps, (0.5, 0.99))
     return {
@@ -100,6 +121,8 @@ def one_failure(args, url: str, proc, role: str, how: str) -> dict:
         "longest_gap_p50_s": round(p50, 3),
         "longest_gap_p99_s": round(p99, 3),
         "longest_gap_max_s": round(max(gaps), 3),
+        # SIGKILL to the restarted worker's Ready (serve's back-off included)
+        **({"worker_back_s": round(back["s"], 1)} if "s" in back else {}),
         "all_complete": all(r["finish"] == "length" and r["tokens"] == args.max_tokens
                             for r in results),  # fmt: skip
     }

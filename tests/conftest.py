@@ -1,4 +1,6 @@
-"""Shared fixtures: small tokenizers made by the tests themselves (nothing from a model hub)."""
+"""Shared fixtures: small tokenizers made by the tests themselves (nothing from a model hub);
+and the run order: modules with slow tests first, so that with `-n` (pytest-xdist, as `make
+test` runs) the longest ones start at once instead of last, beside the many short ones."""
 
 from __future__ import annotations
 
@@ -29,3 +31,10 @@ def client(stack):
 def model(client):
     """The name the module's stack serves its model under."""
     return client.models.list().data[0].id
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules holding a test marked slow first, each module's tests together and in order (its
+    module fixtures are set up once)."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: order kept

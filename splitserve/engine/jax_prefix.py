@@ -17,6 +17,7 @@ same result, only slower.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 
@@ -50,6 +51,12 @@ class PrefixReuse:
             return None
 
         def run() -> None:
+            # the lowest CPU priority (Linux: per thread): the compiles must not slow the
+            # requests this worker serves, nor another worker's warm-up on a shared machine
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except (AttributeError, OSError):
+                pass
             for key in todo:
                 try:
                     self._programs[key] = self._obtain(key)[0]
