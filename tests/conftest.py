@@ -33,8 +33,21 @@ def model(client):
     return client.models.list().data[0].id
 
 
+# The longest modules of a run on the 2-core machine (pytest --durations), longest first: with
+# -n they start at once, in parallel, instead of after the short ones.
+LONGEST = ("test_supervisord", "test_langchain_agent_smollm2", "test_migration_jax",
+           "test_two_hosts", "test_api_controls_jax")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Modules holding a test marked slow first, each module's tests together and in order (its
-    module fixtures are set up once)."""
+    """The LONGEST modules first, then the other modules holding a test marked slow, then the
+    rest; each module's tests together and in order (its module fixtures are set up once)."""
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in slow)  # stable: order kept
+
+    def rank(item) -> tuple[int, int]:
+        name = item.module.__name__
+        if name.rpartition(".")[2] in LONGEST:
+            return (0, LONGEST.index(name.rpartition(".")[2]))
+        return (1 if name in slow else 2, 0)
+
+    items.sort(key=rank)  # stable: the order within each rank is kept

@@ -74,7 +74,7 @@ class HttpStack:
 
 
 @contextlib.contextmanager
-def http_stack(tokenizer: str, mode: str = "processes", ready_s: float = 60.0, **sections):
+def http_stack(tokenizer: str, mode: str = "processes", ready_s: float = 300.0, **sections):
     """mode "processes": each role its own process; "threads": one router process runs all."""
     port = free_port()
     sections["router"] = {"port": port, **sections.get("router", {})}

@@ -205,7 +205,10 @@ def test_supervisord_restarts_killed_workers_and_their_streams_complete(tokenize
             after = [stream_completion(url, "after", 20) for _ in range(3)]
             assert all(r["finish_reason"] == "length" and r["tokens"] == 20 for r in after), after
         moved = (logs / "router.log").read_text()
-        assert "stream moved to detok" in moved and "moved (decode worker 0 died)" in moved
+        assert "stream moved to detok" in moved
+        # the decode worker's stream moved: as "died" when the router saw it dead first, or as
+        # "waited for a live worker" when supervisord had it back before the move was placed
+        assert re.search(r"moved \((decode worker 0 died|waited for a live worker)\)", moved)
         assert set(sup.status().values()) == {"RUNNING"}
     finally:
         sup.stop()
@@ -243,6 +246,7 @@ print(answer["choices"][0]["message"]["content"])
 """
 
 
+@pytest.mark.timeout(1800)  # a cold compile of the default model, beside other tests
 def test_the_shipped_supervisord_conf_serves_the_shipped_cluster_file(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("private network and mount namespaces need root (CI runs as root)")

@@ -51,7 +51,7 @@ async def wait_for(
 
 @contextlib.asynccontextmanager
 async def pipeline(
-    config: ClusterConfig, env: dict[str, str] | None = None, ready_s: float = 90.0
+    config: ClusterConfig, env: dict[str, str] | None = None, ready_s: float = 600.0
 ) -> AsyncIterator[tuple[RouterCore, Any]]:
     """(core, stack) once every worker is ready (all detok workers on the ring)."""
     log_dir = f"{config.run_dir}/logs"
