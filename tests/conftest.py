@@ -35,8 +35,8 @@ def model(client):
 
 # The longest modules of a run on the 2-core machine (pytest --durations), longest first: with
 # -n they start at once, in parallel, instead of after the short ones.
-LONGEST = ("test_supervisord", "test_langchain_agent_smollm2", "test_migration_jax",
-           "test_two_hosts", "test_api_controls_jax")
+LONGEST = ("test_supervisord_shipped", "test_langchain_agent_smollm2", "test_supervisord",
+           "test_migration_jax", "test_two_hosts", "test_api_controls_jax")
 
 
 def pytest_collection_modifyitems(config, items):
