@@ -145,7 +145,6 @@ class WorkerLoop:
         self.startup.phase(f"loading the model ({model.engine} engine, {model.path})")
         engine = build_engine(model, engine_vocab_size(model), role=self.role)
         if model.engine == "jax":
-            self.startup.watch_compilation_cache()
             self.startup.phase("compiling the warm-up programs")
         return engine
 

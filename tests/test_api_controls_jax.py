@@ -32,15 +32,6 @@ def stack(tokenizer_512):
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(stack):
-    return stack.openai()
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
 
 @pytest.fixture(scope="module")
 def tok(tokenizer_512):

@@ -101,13 +101,19 @@ def test_int8_and_bf16_round_within_their_step():
 
 def test_matrices_the_kernel_cannot_take_stay_float32():
     w = np.ones((40, 8), np.float32)  # K = 40: not whole blocks
-    assert not isinstance(quant.device_matrix("int8", [w], None, jnp.float32), quant.QMatrix)
-    # gguf: only when every fused part is one of the file's own native blocks
+    assert not isinstance(quant.device_matrix("int8", lambda: [w], None, jnp.float32),
+                          quant.QMatrix)  # fmt: skip
+    # gguf: only when every fused part is one of the file's own native blocks, and then the
+    # float32 parts are never asked for
     part = quant.from_float("q8_0", np.ones((64, 8), np.float32))
-    parts = [np.ones((64, 8), np.float32)] * 2
-    assert isinstance(quant.device_matrix("gguf", parts, [part, part], jnp.float32), quant.QMatrix)
+    parts = lambda: [np.ones((64, 8), np.float32)] * 2  # noqa: E731
+
+    def never():
+        raise AssertionError("float32 parts made for a native matrix")
+
+    assert isinstance(quant.device_matrix("gguf", never, [part, part], jnp.float32), quant.QMatrix)
     assert not isinstance(quant.device_matrix("gguf", parts, [part, None], jnp.float32),
-                          quant.QMatrix)
+                          quant.QMatrix)  # fmt: skip
     with pytest.raises(ValueError):
         quant.device_matrix("int4", parts, None, jnp.float32)
 

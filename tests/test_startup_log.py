@@ -1,6 +1,6 @@
 """A start-up that says what it does: the worker's start-up log (each warm-up program, n of N,
-from the compilation cache or compiled; a line at least every quiet_s) and the serve command's
-ready lines."""
+from the engine's executable store or compiled; a line at least every quiet_s) and the serve
+command's ready lines."""
 
 from __future__ import annotations
 
@@ -11,29 +11,7 @@ import pytest
 
 from splitserve.launch.health import Health
 from splitserve.launch.ready_lines import ReadyLines
-from splitserve.startup_log import CACHE_HIT, USE_CACHE, CacheEvents, StartupLog
-
-
-def test_cache_events_are_told_apart_per_thread():
-    events = CacheEvents()
-    sources = {}
-
-    def program(name: str, use: bool, hit: bool) -> None:
-        if use:
-            events.on_event(USE_CACHE)
-        if hit:
-            events.on_event(CACHE_HIT)
-        sources[name] = events.source_since_last()
-
-    threads = [
-        threading.Thread(target=program, args=("hit", True, True)),
-        threading.Thread(target=program, args=("miss", True, False)),
-        threading.Thread(target=program, args=("off", False, False)),
-    ]
-    for t in threads:
-        t.start()
-        t.join()
-    assert sources == {"hit": "cache", "miss": "compiled", "off": "compiled, no cache"}
+from splitserve.startup_log import StartupLog
 
 
 def test_warm_up_progress_lines(caplog):
@@ -41,11 +19,8 @@ def test_warm_up_progress_lines(caplog):
     startup = StartupLog("decode[0]", log)
     with caplog.at_level(logging.INFO, logger="test.startup"):
         startup.phase("compiling the warm-up programs")
-        startup.cache.on_event(USE_CACHE)
-        startup.cache.on_event(CACHE_HIT)
-        startup.compiled(("decode", 64), 1, 2, 0.25)
-        startup.cache.on_event(USE_CACHE)
-        startup.compiled(("insert", 16, 64), 2, 2, 1.5)
+        startup.compiled(("decode", 64), 1, 2, 0.25, "cache")
+        startup.compiled(("insert", 16, 64), 2, 2, 1.5, "compiled")
         startup.done()
     lines = [r.getMessage() for r in caplog.records]
     assert "decode[0]: warm-up 1/2: decode(64) in 0.2 s (cache)" in lines

@@ -19,6 +19,7 @@ The product runs in the native kernel (qkernel.py), which widens each weight in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -182,25 +183,25 @@ WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "gguf")
 _FROM_FLOAT = {"bfloat16": "bf16", "int8": "q8_0"}
 
 
-def device_matrix(weights: str, parts, native: list | None, dtype):
+def device_matrix(weights: str, parts: Callable[[], list[np.ndarray]], native: list | None,
+                  dtype):  # fmt: skip
     """One compute matrix from its canonical float32 parts [K, N_i] (fused along N), in the
     form `weights` names: a jax array (XLA matmul) or a QMatrix (native kernel). Falls back to
     the jax array when the kernel is missing, K is not a multiple of 32, or (gguf) some part is
-    not one of the file's native blocks. `parts` may be a function returning them, called only
-    when they are needed (a GGUF file's own blocks need no float32 copy)."""
+    not one of the file's native blocks. `parts` is a function returning them, called only when
+    they are needed (a GGUF file's own blocks need no float32 copy)."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights {weights!r}: one of {WEIGHT_FORMATS}")
-    get = parts if callable(parts) else lambda: parts
     own = native and all(q is not None for q in native) and len({q.fmt for q in native}) == 1
-    k = native[0].shape[1] if own else get()[0].shape[0]
+    k = native[0].shape[1] if own else parts()[0].shape[0]
     if weights != "float32" and k % BLOCK == 0 and qkernel.available():
         if weights in _FROM_FLOAT:
-            floats = get()
+            floats = parts()
             fused = floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
             return QMatrix.from_rows(from_float(_FROM_FLOAT[weights], fused))
         if own:
             return QMatrix.from_rows(native[0] if len(native) == 1 else concat_rows(native))
-    floats = get()
+    floats = parts()
     fused = floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
     return jax.numpy.asarray(fused, dtype)
 

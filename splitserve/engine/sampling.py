@@ -149,8 +149,10 @@ def sample(logits, temperature, top_k, top_p, seeds, positions):
     # The searches cost 32 passes over the vocabulary; skip them when no slot asks.
     need_k = jnp.any(hot & (top_k > 0) & (top_k < vocab))
     z = lax.cond(need_k, lambda z: jnp.where(_top_k_mask(z, top_k), z, -jnp.inf), lambda z: z, z)
-    probs = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    z_max = jnp.max(z, axis=-1)
+    unnormed = jnp.exp(z - z_max[:, None])
+    total = jnp.sum(unnormed, axis=-1)
+    probs = unnormed / total[:, None]
     need_p = jnp.any(hot & (top_p < 1.0))
     probs = lax.cond(
         need_p, lambda p: jnp.where(_top_p_mask(p, top_p), p, 0.0), lambda p: p, probs
@@ -158,10 +160,8 @@ def sample(logits, temperature, top_k, top_p, seeds, positions):
     drawn = _inverse_cdf(probs, _uniforms(seeds, positions))
     best, lse = _argmax_and_logsumexp(logits)
     tokens = jnp.where(hot, drawn, best)
-    # the drawn distribution's log-softmax: z minus the logsumexp over the kept tokens, that
-    # is over all of z plus the log of the kept probability mass (1 without top-p)
-    z_max = jnp.max(z, axis=-1)
-    kept = jnp.sum(probs, axis=-1)
-    z_lse = z_max + jnp.log(jnp.sum(jnp.exp(z - z_max[:, None]), axis=-1)) + jnp.log(kept)
+    # the drawn distribution's log-softmax: z minus the logsumexp over the kept tokens, which
+    # is z's own logsumexp plus the log of the kept probability mass (1 without top-p)
+    z_lse = z_max + jnp.log(total) + jnp.log(jnp.sum(probs, axis=-1))
     hot_lp = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - z_lse
     return tokens, jnp.where(hot, hot_lp, _logprob_of(logits, tokens, lse))
