@@ -2,7 +2,9 @@
 
 A request's path through this process:
  1. A GenerateRequest arrives from the router, stamped with its decode worker, its detok worker and
-    its placement epoch; it waits in a bounded queue (an Abort of its epoch removes it).
+    its placement epoch; it waits in a bounded queue (an Abort of its epoch removes it). Its
+    send sequence number is echoed in the load report (last_seq; a Fence carries one too): with
+    an empty queue it shows the router that the request has left this worker.
  2. engine.prefill() runs the prompt (padded to a compiled length bucket) and samples the token at
     output position start_seq (0; or n for a request resumed after its decode worker died, whose
     prompt then ends with its first n output tokens).
@@ -33,6 +35,7 @@ from splitserve.grammar import vocabulary
 from splitserve.message_limits import prefix_send_hwm
 from splitserve.protocol import (
     Abort,
+    Fence,
     GenerateRequest,
     OpenStream,
     PrefillLoad,
@@ -72,7 +75,10 @@ class PrefillWorker(WorkerLoop):
         self.prefill_time = Histogram()
         self.prefills = 0
         self.kv_bytes_sent = 0
-        self.handlers.update({GenerateRequest: self.on_generate, Abort: self.on_abort})
+        self.last_seq = 0  # of the last GenerateRequest or Fence received (router/liveness.py)
+        self.handlers.update(
+            {GenerateRequest: self.on_generate, Abort: self.on_abort, Fence: self.on_fence}
+        )
 
     def warmup(self) -> WorkerInfo:
         self.engine.warmup(decode=False, progress=self.startup.compiled)  # this role's side
@@ -85,6 +91,7 @@ class PrefillWorker(WorkerLoop):
 
     # ---- messages ----
     def on_generate(self, req: GenerateRequest, _frames: list[Any]) -> None:
+        self.last_seq = req.seq
         if len(self.queue) >= self.max_queue:
             self.fail([req.request_id], [req.epoch], "prefill worker overloaded: queue full")
         else:
@@ -95,6 +102,9 @@ class PrefillWorker(WorkerLoop):
         self.queue = deque(
             r for r in self.queue if r.request_id not in gone or r.epoch > gone[r.request_id]
         )
+
+    def on_fence(self, msg: Fence, _frames: list[Any]) -> None:
+        self.last_seq = msg.seq
 
     # ---- the prefill ----
     def prefill(self, req: GenerateRequest) -> None:
@@ -188,6 +198,7 @@ class PrefillWorker(WorkerLoop):
             prefills=self.prefills,
             kv_bytes_sent=self.kv_bytes_sent,
             prefill_time=self.prefill_time.snapshot(),
+            last_seq=self.last_seq,
             **self.reuse.figures(),
         )
 

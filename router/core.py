@@ -102,7 +102,7 @@ class RouterCore:
         )  # fmt: skip
         self.liveness = LivenessMonitor(
             self.workers, self.requests, config.router.stall_timeout_s, self.end,
-            self.migrator.worker_lost, self._workers_changed, config.lifecycle.heartbeat_interval_s,
+            self.migrator.worker_lost, self._workers_changed, lambda i: self.links.fence(i),
         )  # fmt: skip
         self.accepting = True
         self.links: WorkerLinks | None = None  # bound by start()
@@ -277,8 +277,9 @@ class RouterCore:
         )  # fmt: skip
         self.placement.place(handle, epoch=0, prompt=unstamped.prompt)
         stamp = handle.stamp
+        handle.prefill_seq = self.links.next_seq()
         handle.message = dataclasses.replace(
-            unstamped, decode_index=stamp.decode, detok_index=stamp.detok
+            unstamped, decode_index=stamp.decode, detok_index=stamp.detok, seq=handle.prefill_seq
         )
         return handle, protocol.encode(handle.message)
 

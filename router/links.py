@@ -1,4 +1,5 @@
-"""The router's sockets: its bound receiver, a sender to every worker, and batched aborts.
+"""The router's sockets: its bound receiver, a sender to every worker, batched aborts, and the
+send sequence numbers of what goes to prefill workers (docs/protocol.md, "The first-token bound").
 
 The senders are the workers' own type (splitserve.transport.Sender): sends never block, and a
 send to a slow or gone worker is dropped and counted. The receiver is read by a reader on the
@@ -8,7 +9,9 @@ socket's descriptor (no future per message, as zmq.asyncio's recv would cost); s
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +19,7 @@ import zmq
 
 from router.placement import Stamp
 from splitserve.config import WORKER_ROLES, Addresses
-from splitserve.protocol import Abort, TransportCounters
+from splitserve.protocol import Abort, Fence, TransportCounters
 from splitserve.security import curve_client, curve_server
 from splitserve.transport import Receiver, Sender
 
@@ -44,6 +47,10 @@ class WorkerLinks:
         self._on_message: Callable[[Any, str | None], None] | None = None
         # (role, index) -> [(request id, epoch)] to abort at the end of this event-loop turn
         self._pending_aborts: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        # From the start time in microseconds: a restarted router numbers above its predecessor
+        # (it sends far fewer than a message a microsecond), so no worker echoing an old number
+        # is taken to have received a new request.
+        self._seqs = itertools.count(int(time.time() * 1e6) + 1)
 
     def connect(self, role: str, index: int, endpoint: str) -> None:
         """A sender to worker (role, index) at endpoint (replacing one to another endpoint)."""
@@ -67,6 +74,15 @@ class WorkerLinks:
         for (role, index) in list(self.senders):
             if role in roles:
                 self.send(role, index, msg)
+
+    def next_seq(self) -> int:
+        """The send sequence number for the next GenerateRequest or Fence to a prefill worker."""
+        return next(self._seqs)
+
+    def fence(self, index: int) -> None:
+        """A Fence to prefill worker `index`: once its load echoes this number, everything sent
+        to it before has arrived or was lost."""
+        self.send("prefill", index, Fence(self.next_seq()))
 
     # ---- receiving ----
     def start_reading(self, on_message: Callable[[Any, str | None], None]) -> None:

@@ -4,9 +4,9 @@ Every MONITOR_INTERVAL_S it marks workers dead whose heartbeats stopped (a worke
 seen by its new pid as heartbeats arrive, see WorkerTable.observe) and has the requests that
 depended on a lost worker moved (router/migration.py); it also ends requests past their deadline,
 and those that made no progress for stall_timeout_s (the backstop for a message lost in a crash).
-A request still waiting for its first token is lost once its prefill worker was seen idle
-stall_timeout_s after the request was sent to it (see PrefillIdle): a prefill queue, however
-long, is never a stall.
+A request still waiting for its first token is lost once its prefill worker has shown that the
+request left it (see PrefillCleared) and stall_timeout_s more passed: a prefill queue, however
+long, is never a stall, and a heartbeat delayed in a busy router is no evidence either way.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from router.request_table import RequestTable
 from router.requests import RequestHandle
 from router.workers import WorkerState, WorkerTable
-from splitserve.protocol import DecodeLoad, FinishReason, Heartbeat
+from splitserve.protocol import DecodeLoad, FinishReason
 
 MONITOR_INTERVAL_S = 0.1
 
@@ -34,22 +34,17 @@ class LivenessMonitor:
         end: EndRequest,
         worker_lost: Callable[[WorkerState], None],
         on_workers_changed: Callable[[WorkerState | None], None],
-        heartbeat_interval_s: float,
+        fence: Callable[[int], None],
     ):
+        """fence(index): send prefill worker `index` a Fence (router/links.py)."""
         self.workers = workers
         self.requests = requests
         self.stall_timeout_s = stall_timeout_s
         self.end = end
         self.worker_lost = worker_lost
         self.on_workers_changed = on_workers_changed
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.prefill_idle: dict[int, PrefillIdle] = {}  # per prefill worker
-
-    def _prefill_idle(self, index: int) -> PrefillIdle:
-        idle = self.prefill_idle.get(index)
-        if idle is None:
-            idle = self.prefill_idle[index] = PrefillIdle(self.heartbeat_interval_s)
-        return idle
+        self.fence = fence
+        self.fenced_at: dict[int, float] = {}  # prefill worker -> when it was last sent a Fence
 
     async def run(self) -> None:
         while True:
@@ -60,69 +55,66 @@ class LivenessMonitor:
             self.expire_requests()
             self.requests.prune()
 
-    def expire_requests(self) -> None:
+    def expire_requests(self, now: float | None = None) -> None:
         """The backstop for requests lost without a worker dying (a message lost in a crash):
-        no output for stall_timeout_s. A request still queued at the prefill worker (new, or moved
-        and sent to be prefilled again), or (while the
-        decode worker has prefixes waiting) still waiting for a decode slot, is not lost: only its
-        overall deadline and the liveness of its workers bound it."""
-        now = time.monotonic()
+        no output for stall_timeout_s. A request still queued at the prefill worker (new, or
+        moved and sent to be prefilled again), or (while the decode worker has prefixes waiting)
+        still waiting for a decode slot, is not lost: only its overall deadline and the liveness
+        of its workers bound it. `now`: the monotonic time of this pass (the current one when not
+        given)."""
+        now = time.monotonic() if now is None else now
         stall = self.stall_timeout_s
         contended = {
             w.index for w in self.workers.of("decode")
             if isinstance(w.load, DecodeLoad) and w.load.pending > 0
         }  # fmt: skip
-        idle_at = {
-            w.index: self._prefill_idle(w.index).observe(w) for w in self.workers.of("prefill")
-        }
+        cleared = {w.index: prefill_cleared(w) for w in self.workers.of("prefill")}
+        unproven: set[int] = set()  # prefill workers owing proof for a request past its stall
         for handle in self.requests.handles():
             if now > handle.deadline:
                 self.end(handle, FinishReason.ERROR, "request timed out")
             elif handle.waiting_since is not None:
                 continue  # a move waits for a live worker: bounded by migration_timeout_s
             elif handle.completion_tokens == handle.prefill_from:  # its prefill's token not in
-                idle = idle_at.get(handle.stamp.prefill)
-                if idle is not None and idle - handle.last_progress > stall:
-                    self.end(handle, FinishReason.ERROR, "no first token: the prefill worker"
-                             f" went idle {stall:.0f} s after the request was sent (lost)")
+                self._first_token_bound(handle, cleared.get(handle.stamp.prefill), now, unproven)
             elif handle.completion_tokens <= 1 and handle.stamp.decode in contended:
                 continue
             elif now - handle.last_progress > stall:
                 self.end(handle, FinishReason.ERROR, f"no progress for {stall:.0f} s")
+        for index in unproven:
+            if now - self.fenced_at.get(index, -stall) > stall:
+                self.fenced_at[index] = now
+                self.fence(index)
+
+    def _first_token_bound(
+        self, handle: RequestHandle, cleared: int | None, now: float, unproven: set[int]
+    ) -> None:
+        """A request without its first token: once its prefill worker showed that the request
+        left it, its token has stall_timeout_s to arrive. Without that proof it waits on (its
+        deadline bounds it); past a stall its worker is fenced, so that a request lost as the
+        last message sent is proven gone too."""
+        stall = self.stall_timeout_s
+        if cleared is not None and cleared >= handle.prefill_seq:
+            if handle.prefill_cleared_at is None:
+                handle.prefill_cleared_at = now
+            elif now - handle.prefill_cleared_at > stall:
+                self.end(handle, FinishReason.ERROR, "no first token: the request left the"
+                         f" prefill worker and its token did not come in {stall:.0f} s (lost)")
+        elif now - handle.last_progress > stall:
+            unproven.add(handle.stamp.prefill)
 
 
-class PrefillIdle:
-    """When the prefill worker was last seen idle: every request that had reached it was done.
-
-    A heartbeat carries the load snapshot of the worker's last completed loop pass, taken
-    loop_age_s before it was sent, and snapshots are at least half a heartbeat interval apart. A
-    pass drains the socket, then runs at most one prefill. So when a snapshot shows an empty queue
-    and the same prefill count as an earlier, distinct snapshot, its pass ran no prefill and its
-    drain was just before it: every request in the socket by then was prefilled, failed or
-    aborted. A request sent stall_timeout_s before that and still without a first token was lost
-    on the way (a dropped message, a crash between two sends). During a long prefill the worker
-    takes no snapshot (the heartbeats repeat the last one), so a busy worker never reads idle.
-    """
-
-    def __init__(self, heartbeat_interval_s: float) -> None:
-        # snapshot times estimated closer than this are one snapshot seen twice (transit jitter)
-        self.same_snapshot_s = heartbeat_interval_s / 4
-        self._beat: Heartbeat | None = None
-        self._reference: tuple[int, float, int] | None = None  # pid, taken, prefills
-        self.idle_at: float | None = None  # router clock, when the idle snapshot was taken
-
-    def observe(self, worker: WorkerState | None) -> float | None:
-        beat = worker.heartbeat if worker is not None else None
-        if beat is None or beat is self._beat or beat.prefill is None:
-            return self.idle_at
-        self._beat = beat
-        taken = worker.last_seen - beat.loop_age_s
-        load, ref = beat.prefill, self._reference
-        if ref is None or ref[0] != beat.pid:  # a new worker: nothing known of it yet
-            self.idle_at = None
-        elif taken - ref[1] < self.same_snapshot_s:
-            return self.idle_at  # the reference snapshot again
-        elif load.queue == 0 and load.prefills == ref[2]:
-            self.idle_at = taken
-        self._reference = (beat.pid, taken, load.prefills)
-        return self.idle_at
+def prefill_cleared(worker: WorkerState | None) -> int | None:
+    """The highest send sequence number up to which prefill worker `worker` (its current
+    incarnation) is proven done: its last snapshot shows an empty queue, so every request it had
+    received by then, up to the last_seq it echoes, was prefilled, failed or aborted. One link's
+    messages arrive in order, so a request with a seq at or below it either reached the worker
+    or was lost on the way. The snapshot is taken between loop passes, never during a prefill;
+    a heartbeat sent during one repeats the last snapshot, whose last_seq is older. None: no
+    proof (no heartbeat of this incarnation yet, or requests still queued)."""
+    beat = worker.heartbeat if worker is not None else None
+    if beat is None or beat.incarnation != worker.incarnation:
+        return None
+    if beat.prefill is None or beat.prefill.queue > 0:
+        return None
+    return beat.prefill.last_seq

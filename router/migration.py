@@ -120,14 +120,16 @@ class Migrator:
         handle.last_progress = time.monotonic()
         handle.prefill_from = handle.completion_tokens
         handle.waiting_since = None
+        links = self.links()
+        handle.prefill_seq = links.next_seq()
+        handle.prefill_cleared_at = None
         self.waiting.pop(handle.request_id, None)
         n = handle.completion_tokens
-        links = self.links()
         if n:
             links.send("detok", stamp.detok, self.resume_message(handle))
         resent = dataclasses.replace(
             message, epoch=epoch, decode_index=stamp.decode, detok_index=stamp.detok,
-            prompt=[*message.prompt, *handle.token_ids], start_seq=n,
+            prompt=[*message.prompt, *handle.token_ids], start_seq=n, seq=handle.prefill_seq,
         )  # fmt: skip
         links.send("prefill", stamp.prefill, resent)
         log.info("%s: moved (%s) to prefill %d, decode %d, detok %d at epoch %d from token %d",

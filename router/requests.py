@@ -116,6 +116,10 @@ class RequestHandle:
     # completion tokens it had when last sent to a prefill worker (a move re-prefills it from
     # there): until it has more, it waits on that prefill, which a stall must not be taken for
     prefill_from: int = 0
+    # the send sequence number it was last sent to a prefill worker with, and when that worker
+    # was first seen done up to it (router/liveness.py: the first-token bound)
+    prefill_seq: int = 0
+    prefill_cleared_at: float | None = None
     completion_tokens: int = 0
     result: Result | None = None
     # Where it runs (router/placement.py) and what a move to other workers needs: the message

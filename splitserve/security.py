@@ -63,6 +63,7 @@ MESSAGE_SENDERS: dict[type, frozenset[str]] = {
     protocol.TokenBatch: frozenset({"prefill", "decode"}),
     protocol.TextBatch: frozenset({"detok"}),
     protocol.Abort: frozenset({"router"}),
+    protocol.Fence: frozenset({"router"}),
     protocol.Finish: frozenset({"detok"}),
     protocol.RequestFailed: frozenset({"prefill", "decode", "detok"}),
     protocol.Ready: frozenset({"prefill", "decode", "detok"}),

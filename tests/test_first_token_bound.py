@@ -1,7 +1,10 @@
 """A request that never gets its first token ends in bounded time, not at request_timeout_s: once
-the prefill worker is seen idle stall_timeout_s after the request was sent to it, the request was
-lost on the way. A prefill that is merely slow, or a queue at the prefill worker, is not a loss.
-Real worker processes (the fake engine) and a router core on the test's event loop."""
+the prefill worker has shown that the request left it (an empty queue at or past the request's
+send sequence number; a Fence makes it show that for a request lost as the last message sent),
+its token has stall_timeout_s to come. A prefill that is merely slow, or a queue at the prefill
+worker, is not a loss, however busy the machine (tests/test_first_token_proof.py has the rule on a
+clock of its own). Real worker processes (the fake engine) and a router core on the test's event
+loop."""
 
 from __future__ import annotations
 
@@ -42,11 +45,11 @@ def test_a_request_lost_before_prefill_ends_with_an_error(tokenizer_512):
 
 
 def test_slow_and_queued_prefills_are_not_mistaken_for_losses(tokenizer_512):
-    """Each prefill takes 2.5 stall timeouts, and three wait in line: the last one's first token
-    comes seven stall timeouts after it was sent."""
+    """Each prefill takes 1.5 stall timeouts, and three wait in line: the last one's first token
+    comes 4.5 stall timeouts after it was sent."""
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
-        tokenizer_512, router={"stall_timeout_s": 1.0}, model={"fake_prefill_s": 2.5}
+        tokenizer_512, router={"stall_timeout_s": 2.0}, model={"fake_prefill_s": 3.0}
     )
 
     async def body():

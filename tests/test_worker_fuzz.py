@@ -68,7 +68,7 @@ def worker_of(cls, tokenizer: str) -> Iterator[tuple]:
 
 
 TAKES = {  # the message types each role's handler table holds (the others are counted)
-    PrefillWorker: [GenerateRequest, protocol.Abort, protocol.DetokPool],
+    PrefillWorker: [GenerateRequest, protocol.Abort, protocol.Fence, protocol.DetokPool],
     DecodeWorker: [PrefixHeader, protocol.Abort, protocol.Finish, protocol.Repin,
                    protocol.DetokPool],
     DetokWorker: [TokenBatch, protocol.Abort, protocol.ResumeStream],

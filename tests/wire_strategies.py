@@ -180,12 +180,13 @@ def columns(draw, cls, width: int, *rest):
 BY_TYPE = {
     GenerateRequest: no_arrays(st.builds(
         GenerateRequest, ids, tokens, tokens, tokens, st.lists(tokens, min_size=1, max_size=300),
-        tokens, sampling, stops, detoks, st.booleans(), st.none() | controls(), grammars,
+        tokens, sampling, stops, detoks, st.booleans(), st.none() | controls(), grammars, counts,
     )),
     PrefixHeader: prefixes(),
     TokenBatch: no_arrays(token_batches()),
     TextBatch: no_arrays(st.builds(TextBatch, st.lists(deltas(), max_size=10))),
     Abort: no_arrays(columns(Abort, 2)),
+    protocol.Fence: no_arrays(st.builds(protocol.Fence, counts)),
     Finish: no_arrays(columns(Finish, 2)),
     RequestFailed: no_arrays(columns(RequestFailed, 2, roles, st.text())),
     protocol.ResumeStream: no_arrays(st.builds(

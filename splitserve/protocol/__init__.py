@@ -71,6 +71,7 @@ from splitserve.protocol.messages import (  # noqa: F401
     DetokLoad,
     DetokParams,
     DetokPool,
+    Fence,
     Finish,
     FinishReason,
     GenerateRequest,

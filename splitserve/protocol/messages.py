@@ -13,9 +13,10 @@ from splitserve.engine.interface import (
     SamplingParams,
 )
 
+# 7: send sequence numbers to prefill workers (GenerateRequest.seq, Fence, PrefillLoad.last_seq);
 # 6: prefix cache (cached_tokens, PrefillLoad's prefix_*); 5: logits controls, grammars, top and
 # prompt logprobs; 4: incarnations
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 class TokenFinish(enum.IntEnum):
@@ -118,6 +119,9 @@ class GenerateRequest:
     # the output's grammar, compiled by the router into llguidance's serialized form ("": none);
     # the prefill and decode workers each build its matcher from it (splitserve/grammar/)
     grammar: str = ""
+    # the router's send sequence number (shared with Fence); the worker's load echoes the last
+    # one it received, which tells the router that this request reached it (router/liveness.py)
+    seq: int = 0
 
 
 @dataclass
@@ -214,6 +218,15 @@ class Abort:
 
 
 @dataclass
+class Fence:
+    """router -> prefill_worker: no work, only a send sequence number. Messages on one link
+    arrive in order, so once the worker's load echoes this seq (PrefillLoad.last_seq), every
+    GenerateRequest sent to it before the fence has arrived or was lost on the way."""
+
+    seq: int
+
+
+@dataclass
 class Finish:
     """detok_worker -> decode_worker: these requests (at these epochs) hit a stop string; free
     their slots."""
@@ -304,6 +317,10 @@ class PrefillLoad:
     prefills: int  # run since start
     kv_bytes_sent: int  # KV cache bytes sent to decode workers since start
     prefill_time: HistogramSnapshot
+    # the seq of the last GenerateRequest or Fence received (0: none yet); with queue == 0, every
+    # request sent up to it is done here (the snapshot is taken between loop passes, never
+    # during a prefill)
+    last_seq: int = 0
     # the prefix cache (prefill_worker/prefix_reuse.py): prompt tokens looked up and found
     # cached since start (vLLM's prefix_cache_queries and _hits), blocks and bytes held, the
     # byte bound, and its invariants: 1 hold, 0 broken, -1 not checked (off, or too large)
@@ -408,6 +425,7 @@ MESSAGE_TYPES: dict[int, type] = {
     10: ResumeStream,
     11: Repin,
     12: DetokPool,
+    13: Fence,
 }
 TYPE_CODES = {cls: code for code, cls in MESSAGE_TYPES.items()}
 
