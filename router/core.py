@@ -357,7 +357,9 @@ class RouterCore:
             return
         for handle in self.requests.handles():
             if handle.placed and handle.stamp.detok in draining:
-                self.migrator.move(handle, "detok", f"detok worker {handle.stamp.detok} drains")
+                self.migrator.move(
+                    handle, "detok", f"detok worker {handle.stamp.detok} drains", planned=True
+                )
 
     def resize_detok_pool(self, count: int) -> None:
         """The operator wants `count` detok workers, indices 0..count-1 (the launcher or the

@@ -14,7 +14,10 @@ still sends can reach the client twice.
   output position n with the same seed, so greedy and seeded outputs go on as they would have
   (where prefill and decode round alike); the detok worker gets ResumeStream first when n > 0.
 - Past max_migrations moves, or after waiting migration_timeout_s for a live worker of a role it
-  needs, the request ends with an error that says so.
+  needs, the request ends with an error that says so. The limit stops a request that keeps
+  killing its workers; a move off a worker that was stopping on purpose (it drained, or the
+  operator took it out of the pool) is the operator's doing and does not count: a pool restarted
+  as a group (supervisord changing numprocs) may move a stream once per worker.
 """
 
 from __future__ import annotations
@@ -66,17 +69,19 @@ class Migrator:
             else:
                 hit = stamp.decode == w.index
             if hit:
-                self.move(handle, w.role, f"{w.role} worker {w.index} died")
+                self.move(handle, w.role, f"{w.role} worker {w.index} died", planned=stopping(w))
 
-    def move(self, handle: RequestHandle, lost: str, reason: str) -> None:
+    def move(self, handle: RequestHandle, lost: str, reason: str, planned: bool = False) -> None:
+        """planned: off a worker stopping on purpose; not counted against max_migrations."""
         if handle.result is not None:
             return
-        if handle.migrations >= self.config.max_migrations:
+        if not planned and handle.unplanned_moves >= self.config.max_migrations:
             self.end(handle, FinishReason.ERROR,
-                     f"{reason}; the request was moved {handle.migrations} times already")
+                     f"{reason}; the request was moved {handle.unplanned_moves} times already")
             return  # fmt: skip
         old = handle.stamp
         handle.migrations += 1
+        handle.unplanned_moves += 0 if planned else 1
         handle.last_progress = time.monotonic()  # the stall clock starts again after a move
         self.moved(lost)
         if lost == "detok" and handle.completion_tokens and handle.placed:
@@ -165,3 +170,8 @@ class Migrator:
             handle.request_id, stamp.epoch, stamp.decode, message.detok, message.logprobs,
             list(handle.token_ids), handle.text_chars,
         )  # fmt: skip
+
+
+def stopping(w: WorkerState) -> bool:
+    """The worker was stopping on purpose when last heard of: draining, or out of the pool."""
+    return w.removed or bool(w.heartbeat is not None and w.heartbeat.draining)

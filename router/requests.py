@@ -128,7 +128,8 @@ class RequestHandle:
     message: Any = None  # GenerateRequest at the current epoch
     token_ids: array = field(default_factory=lambda: array("i"))
     text_chars: int = 0
-    migrations: int = 0
+    migrations: int = 0  # moves to other workers, in all
+    unplanned_moves: int = 0  # of them, off workers that were not stopping: max_migrations'
     waiting_since: float | None = None  # set while no live worker can take it (a move waits)
     placed: bool = False  # counted on the workers of its stamp (router/placement.py)
     prefill_pending: bool = False  # placed on a prefill worker, first token of the epoch not in

@@ -317,10 +317,6 @@ class PrefillLoad:
     prefills: int  # run since start
     kv_bytes_sent: int  # KV cache bytes sent to decode workers since start
     prefill_time: HistogramSnapshot
-    # the seq of the last GenerateRequest or Fence received (0: none yet); with queue == 0, every
-    # request sent up to it is done here (the snapshot is taken between loop passes, never
-    # during a prefill)
-    last_seq: int = 0
     # the prefix cache (prefill_worker/prefix_reuse.py): prompt tokens looked up and found
     # cached since start (vLLM's prefix_cache_queries and _hits), blocks and bytes held, the
     # byte bound, and its invariants: 1 hold, 0 broken, -1 not checked (off, or too large)
@@ -331,6 +327,10 @@ class PrefillLoad:
     prefix_max_bytes: int = 0
     prefix_evicted: int = 0  # blocks evicted since start
     prefix_check: int = -1
+    # the seq of the last GenerateRequest or Fence received (0: none yet); with queue == 0, every
+    # request sent up to it is done here (the snapshot is taken between loop passes, never
+    # during a prefill)
+    last_seq: int = 0
 
 
 @dataclass
