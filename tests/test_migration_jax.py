@@ -30,8 +30,9 @@ def test_jax_streams_survive_a_killed_worker(tokenizer_512, role):
         tokenizer_512,
         model={"engine": "jax", "path": "random:test-tiny", "num_slots": STREAMS,
                "max_seq_len": 256},
-        router={"max_running": STREAMS},
-        lifecycle={"liveness_timeout_s": 3.0},
+        # the frozen streams make no progress until the restart is noticed: not a stall here
+        router={"max_running": STREAMS, "stall_timeout_s": 600.0},
+        lifecycle={"liveness_timeout_s": 600.0},
     )  # fmt: skip
     prompts = [tok.encode(f"stream {i} of many: ünïcode 東京") for i in range(STREAMS)]
     params = RequestParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
@@ -42,20 +43,24 @@ def test_jax_streams_survive_a_killed_worker(tokenizer_512, role):
             await asyncio.gather(*(h.finished() for h in calm))
             undisturbed = [list(h.token_ids) for h in calm]
 
-            victim = stack.children[(role, 0)].popen
-            if role == "prefill":  # every request waits in the frozen prefill worker's queue
-                victim.send_signal(signal.SIGSTOP)
-                handles = [await core.submit(p, params) for p in prompts]
-            else:  # every stream under way, then frozen: none can end before the kill
-                handles = [await core.submit(p, params) for p in prompts]
-                await wait_for(lambda: all(h.completion_tokens for h in handles), 120, "tokens")
-                stack.children[("decode", 0)].popen.send_signal(signal.SIGSTOP)
+            # Nothing can pass its first token before the kill: the decode worker is frozen
+            # before the requests come (for the prefill worker's kill, the prefill worker:
+            # every request then waits in its queue). The router learns of the kill from the
+            # restarted worker's Ready (a new incarnation), not from a timeout, so the frozen
+            # decode worker is not taken for dead meanwhile (liveness_timeout_s is long).
+            decode = stack.children[("decode", 0)].popen
+            frozen = stack.children[(role, 0)].popen if role == "prefill" else decode
+            frozen.send_signal(signal.SIGSTOP)
+            handles = [await core.submit(p, params) for p in prompts]
+            if role != "prefill":
+                await wait_for(lambda: all(h.completion_tokens for h in handles), 240, "tokens")
             reached = [h.completion_tokens for h in handles]
+            restarts = core.workers.get(role, 0).restarts
             stack.kill(role, 0)
-            if role == "detok":
-                stack.children[("decode", 0)].popen.send_signal(signal.SIGCONT)
-            await wait_for(lambda: core.workers.get(role, 0).state == "dead", 30, "noticed")
             stack.restart(role, 0)
+            await wait_for(lambda: core.workers.get(role, 0).restarts > restarts, 300, "noticed")
+            if role == "detok":
+                decode.send_signal(signal.SIGCONT)
             results = await asyncio.wait_for(
                 asyncio.gather(*(h.finished() for h in handles)), 240
             )
