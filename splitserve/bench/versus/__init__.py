@@ -1,0 +1,10 @@
+"""splitserve against other servers (issue 18 point 6): the same client and load, one session.
+
+    python -m splitserve.bench.versus install llama-cpp        # into /work/competitors/llama-cpp
+    python -m splitserve.bench.versus run --server splitserve --server llama-cpp \\
+        --concurrency 1,16 --rounds 2 --out-md docs/versus.md
+
+installs.py makes each competitor's virtual environment (outside the repository), servers.py
+knows how to start each server on the default model's GGUF, run.py alternates them under
+`splitserve bench`'s load and writes the ratios.
+"""

@@ -1,0 +1,55 @@
+"""python -m splitserve.bench.versus install NAME | run --server ... (see __init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from splitserve.bench.versus.installs import DEFAULT_ROOT, PACKAGES, install
+from splitserve.bench.versus.run import run_all, table
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m splitserve.bench.versus")
+    ap.add_argument("--root", default=DEFAULT_ROOT, help="where competitor venvs live")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    inst = sub.add_parser("install", help="make a competitor's virtual environment")
+    inst.add_argument("name", choices=sorted(PACKAGES))
+    run = sub.add_parser("run", help="servers in turn under one load")
+    run.add_argument("--server", action="append", required=True,
+                     help="splitserve, llama-cpp, or LABEL=CLUSTER_FILE (repeatable; the "
+                     "first is the ratios' base)")  # fmt: skip
+    run.add_argument("--concurrency", type=_ints, default=(1, 16))
+    run.add_argument("--num-requests", type=_ints, default=(8, 32))
+    run.add_argument("--prompt-tokens", type=int, default=128)
+    run.add_argument("--output-tokens", type=int, default=128)
+    run.add_argument("--warmup-requests", type=int, default=2)
+    run.add_argument("--rounds", type=int, default=2)
+    run.add_argument("--port", type=int, default=8100)
+    run.add_argument("--ready-timeout", type=float, default=900.0)
+    run.add_argument("--log-dir", default="")
+    run.add_argument("--out-json", default="")
+    run.add_argument("--out-md", default="")
+    args = ap.parse_args(argv)
+    if args.cmd == "install":
+        return install(args.name, args.root)
+    rows = run_all(args)
+    labels = list(dict.fromkeys(s.split("=", 1)[0] for s in args.server))
+    text = table(rows, labels)
+    print(text)
+    if args.out_json:
+        with open(args.out_json, "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=1)
+    if args.out_md:
+        with open(args.out_md, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

