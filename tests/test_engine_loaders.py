@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import save_file
 
+from splitserve.bench.versus.hf_copy import export, write_tokenizer
 from splitserve.engine import llama_model
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine, load_model
@@ -360,3 +361,31 @@ def test_an_engine_of_one_side_prepares_only_its_weights(tmp_path):
     assert runs[0] == runs[1]
     with pytest.raises(ValueError, match="sides"):
         JaxEngine(cfg, weights, 2, 64, sides=("router",))
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_hugging_face_copy_of_a_gguf_file_is_the_same_model(tmp_path, tied):
+    """bench's float32 copy for vLLM (splitserve/bench/versus/hf_copy.py): the folder loads into
+    exactly the GGUF file's canonical weights and config, so its logits are the reference's."""
+    path = str(tmp_path / "m.gguf")
+    stored = write_gguf(path, _weights(1, tied))
+    folder = export(path, str(tmp_path / "hf"), tokenizer=False)
+    (cfg_gguf, from_gguf), (cfg_hf, from_hf) = load_model(path), load_model(folder)
+    assert cfg_hf == cfg_gguf
+    assert set(from_hf) == set(from_gguf)
+    for name in from_gguf:
+        np.testing.assert_array_equal(from_hf[name], from_gguf[name], err_msg=name)
+    _check_logits(folder, stored)
+
+
+def test_the_copy_carries_the_default_models_own_tokenizer(tmp_path):
+    from splitserve.engine.default_model import default_model_path
+    from splitserve.tokenizers import load_tokenizer
+
+    model = default_model_path()
+    write_tokenizer(model, str(tmp_path))
+    ours, copied = load_tokenizer(model), load_tokenizer(str(tmp_path / "tokenizer.json"))
+    for text in ("Hello, world!", " naïve 東京 🙂\n\tcode()", "<|im_start|>user\nhi<|im_end|>"):
+        assert copied.encode(text) == ours.encode(text), text
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == ours.chat_template.source and config["eos_token"]

@@ -20,10 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     inst = sub.add_parser("install", help="make a competitor's virtual environment")
     inst.add_argument("name", choices=sorted(PACKAGES))
+    copy = sub.add_parser("hf-copy", help="a float32 Hugging Face copy of a model (for vLLM)")
+    copy.add_argument("out_dir")
+    copy.add_argument("--model", default="", help="a GGUF file or model path (default model)")
     run = sub.add_parser("run", help="servers in turn under one load")
     run.add_argument("--server", action="append", required=True,
-                     help="splitserve, llama-cpp, or LABEL=CLUSTER_FILE (repeatable; the "
-                     "first is the ratios' base)")  # fmt: skip
+                     help="splitserve, llama-cpp, vllm=HF_DIR, or LABEL=CLUSTER_FILE "
+                     "(repeatable; the first is the ratios' base)")  # fmt: skip
     run.add_argument("--concurrency", type=_ints, default=(1, 16))
     run.add_argument("--num-requests", type=_ints, default=(8, 32))
     run.add_argument("--prompt-tokens", type=int, default=128)
@@ -38,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "install":
         return install(args.name, args.root)
+    if args.cmd == "hf-copy":
+        from splitserve.bench.versus.hf_copy import export
+        from splitserve.engine.default_model import default_model_path
+
+        print(export(args.model or default_model_path(), args.out_dir))
+        return 0
     rows = run_all(args)
     labels = list(dict.fromkeys(s.split("=", 1)[0] for s in args.server))
     text = table(rows, labels)

