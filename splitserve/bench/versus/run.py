@@ -21,7 +21,7 @@ def measure(spec: ServerSpec, args: Any, port: int, log_dir: str, round_no: int)
     try:
         server.ready(args.ready_timeout)
         settings = BenchSettings(
-            url=server.url, model=None, endpoint="completions",
+            url=server.url, model="default", endpoint="completions",
             concurrencies=args.concurrency, rates=(), num_requests=args.num_requests,
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
             output_spread=0.0, stop=(), unicode_prompts=False, tokenizer=None,
