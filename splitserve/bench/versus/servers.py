@@ -14,6 +14,11 @@ import httpx
 
 from splitserve.bench.versus.installs import DEFAULT_ROOT, python_of
 
+# what answers 200 once a server serves: splitserve's and vLLM's /health waits for the whole
+# pipeline (splitserve's /v1/models answers while workers still compile); llama-cpp-python's
+# server loads the model before it listens
+READY_PATH = {"splitserve": "/health", "vllm": "/health", "llama-cpp": "/v1/models"}
+
 
 @dataclass(frozen=True)
 class ServerSpec:
@@ -74,7 +79,7 @@ class Server:
                 raise RuntimeError(f"{self.spec.label} exited ({self.proc.returncode}): see "
                                    f"{self.log.name}")  # fmt: skip
             try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2.0).status_code == 200:
+                if httpx.get(self.url + READY_PATH[self.spec.kind], timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
