@@ -101,10 +101,11 @@ def one_failure(args, url: str, proc, role: str, how: str) -> dict:
         started.wait(120)
         time.sleep(args.kill_after_s)  # a benchmark, not a test: mid-stream on purpose
         pid = pid_of(url, role)
-        killed_at = time.monotonic()
         back: dict = {}
-        watcher = threading.Thread(target=wait_back, args=(url, role, pid, killed_at, back))
         if how == "kill":
+            watcher = threading.Thread(
+                target=wait_back, args=(url, role, pid, time.monotonic(), back)
+            )
             os.kill(pid, signal.SIGKILL)
             watcher.start()
         else:

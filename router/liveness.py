@@ -5,7 +5,7 @@ seen by its new pid as heartbeats arrive, see WorkerTable.observe) and has the r
 depended on a lost worker moved (router/migration.py); it also ends requests past their deadline,
 and those that made no progress for stall_timeout_s (the backstop for a message lost in a crash).
 A request still waiting for its first token is lost once its prefill worker has shown that the
-request left it (see PrefillCleared) and stall_timeout_s more passed: a prefill queue, however
+request left it (see prefill_cleared) and stall_timeout_s more passed: a prefill queue, however
 long, is never a stall, and a heartbeat delayed in a busy router is no evidence either way.
 """
 

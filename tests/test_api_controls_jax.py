@@ -32,7 +32,6 @@ def stack(tokenizer_512):
         yield s
 
 
-
 @pytest.fixture(scope="module")
 def tok(tokenizer_512):
     return load_tokenizer(tokenizer_512)

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_a_request_lost_before_prefill_ends_with_an_error(tokenizer_512):
     tok = load_tokenizer(tokenizer_512)
-    config = make_config(tokenizer_512, router={"stall_timeout_s": 1.0})
+    # 5 s: what a first token has, once its request has left the prefill worker, to come through
+    # the detok worker; a busy machine must not make the healthy request below look lost
+    config = make_config(tokenizer_512, router={"stall_timeout_s": 5.0})
 
     async def body():
         async with pipeline(config) as (core, _):
@@ -45,11 +47,13 @@ def test_a_request_lost_before_prefill_ends_with_an_error(tokenizer_512):
 
 
 def test_slow_and_queued_prefills_are_not_mistaken_for_losses(tokenizer_512):
-    """Each prefill takes 1.5 stall timeouts, and three wait in line: the last one's first token
-    comes 4.5 stall timeouts after it was sent."""
+    """Three prefills of 4 s wait in line behind each other: the last one's first token comes
+    1.2 stall timeouts after it was sent (the queue, not the clock, decides). The stall timeout
+    is 10 s because it is also what a first token has to come through the detok worker once its
+    request has left the prefill worker: the margin a busy machine needs."""
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
-        tokenizer_512, router={"stall_timeout_s": 2.0}, model={"fake_prefill_s": 3.0}
+        tokenizer_512, router={"stall_timeout_s": 10.0}, model={"fake_prefill_s": 4.0}
     )
 
     async def body():

@@ -148,14 +148,15 @@ def test_streams_that_wait_longer_than_the_stall_timeout_for_a_worker_still_comp
 def test_a_move_off_a_draining_worker_does_not_count_against_the_limit(tokenizer_512):
     """max_migrations 0: any move a worker's loss forces ends the request. The stream's detok
     worker is stopped on purpose (SIGTERM: it drains), which is the operator's doing: the stream
-    moves to the other detok worker and ends whole. It cannot end before: 1,500 steps of at
-    least 20 ms, against one heartbeat for the drain to be seen."""
+    moves to the other detok worker and ends whole. The decode worker is frozen across the drain,
+    so the stream is certainly in flight while it happens (and the liveness timeout is long, so
+    the frozen worker is not taken for dead)."""
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
-        tokenizer_512, model={"fake_step_s": 0.02, "max_seq_len": 2048},
-        router={"max_migrations": 0},
+        tokenizer_512, model={"fake_step_s": 0.02}, router={"max_migrations": 0},
+        lifecycle={"liveness_timeout_s": 600.0},
     )  # fmt: skip
-    prompt, max_tokens = tok.encode("drained"), 1500
+    prompt, max_tokens = tok.encode("drained"), 200
 
     async def body():
         async with pipeline(config) as (core, stack):
@@ -163,7 +164,12 @@ def test_a_move_off_a_draining_worker_does_not_count_against_the_limit(tokenizer
             handle = await core.submit(prompt, params)
             await wait_for(lambda: handle.completion_tokens >= 2, 60, "the stream under way")
             first = handle.stamp.detok
-            await asyncio.to_thread(stack.kill, "detok", first, signal.SIGTERM)
+            decode = stack.children[("decode", 0)].popen
+            decode.send_signal(signal.SIGSTOP)
+            try:  # the draining worker exits once the router has moved its stream off it
+                await asyncio.to_thread(stack.kill, "detok", first, signal.SIGTERM)
+            finally:
+                decode.send_signal(signal.SIGCONT)
             text, result = await asyncio.wait_for(handle.finished(), 240)
             tokens, _ = expected_fake_tokens(prompt, tok.vocab_size, max_tokens, ignore_eos=True)
             assert result.finish_reason.api == "length", result
