@@ -76,11 +76,12 @@ def hf_tensors(cfg: LlamaConfig, weights) -> dict[str, np.ndarray]:
 def write_tokenizer(model_path: str, out_dir: str) -> None:
     """The GGUF file's own tokenizer as tokenizer.json, its template in tokenizer_config.json."""
     from splitserve.tokenizers.gguf_tokenizer import load_gguf_tokenizer
+    from splitserve.tokenizers.hf_tokenizer import HFTokenizer
 
     tok = load_gguf_tokenizer(model_path)
-    inner = getattr(tok, "_tok", None)
-    if inner is None:
+    if not isinstance(tok, HFTokenizer):  # a SentencePiece GGUF tokenizer has no such form
         raise ValueError(f"{model_path}: its tokenizer has no tokenizer.json form")
+    inner = tok.backend
     inner.save(os.path.join(out_dir, "tokenizer.json"))
     text = lambda i: inner.id_to_token(i) if i is not None else None  # noqa: E731
     eos = sorted(tok.eos_ids)
