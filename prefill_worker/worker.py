@@ -199,6 +199,7 @@ class PrefillWorker(WorkerLoop):
             kv_bytes_sent=self.kv_bytes_sent,
             prefill_time=self.prefill_time.snapshot(),
             last_seq=self.last_seq,
+            prefix_compiling=self.engine.continuations_pending,
             **self.reuse.figures(),
         )
 

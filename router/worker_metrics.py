@@ -36,6 +36,9 @@ PREFILL_GAUGES = (
     ("splitserve_prefix_cache_check",
      "The prefix cache's invariants: 1 hold, 0 broken, -1 not checked (off or too large)",
      "prefix_check"),
+    ("splitserve_prefix_cache_compiling_programs",
+     "Prefix-cache continuation programs still compiling in the background (0: all ready)",
+     "prefix_compiling"),
 )  # fmt: skip
 PREFILL_COUNTERS = (
     ("splitserve_prefills", "Prefills run", "prefills"),

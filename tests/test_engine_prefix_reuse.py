@@ -25,6 +25,9 @@ def engine():
                            decode_buckets=BUCKETS, prefix_reuse=True)  # fmt: skip
     eng.warmup(decode=False)
     eng.continuations.join()  # compiled after warm-up, in the background
+    # what the prefill worker's load reports (PrefillLoad.prefix_compiling): none left
+    assert eng.continuations_pending == 0
+    assert all(key in eng._programs for key in eng.continue_keys())
     return eng
 
 

@@ -209,6 +209,9 @@ class Engine(abc.ABC):
     # whether prefill_cached() reuses the cached KV (an engine without it computes the whole
     # prompt there: the same Prefix, none of the savings)
     supports_prefix_reuse: bool = False
+    # continuation programs for prefill_cached() still being compiled after warm-up (the JAX
+    # engine's background thread); the prefill worker reports it in its load
+    continuations_pending: int = 0
 
     def prefill_cached(
         self,

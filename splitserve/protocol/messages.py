@@ -13,10 +13,11 @@ from splitserve.engine.interface import (
     SamplingParams,
 )
 
+# 8: PrefillLoad.prefix_compiling (the background compiles left);
 # 7: send sequence numbers to prefill workers (GenerateRequest.seq, Fence, PrefillLoad.last_seq);
 # 6: prefix cache (cached_tokens, PrefillLoad's prefix_*); 5: logits controls, grammars, top and
 # prompt logprobs; 4: incarnations
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 
 class TokenFinish(enum.IntEnum):
@@ -331,6 +332,9 @@ class PrefillLoad:
     # request sent up to it is done here (the snapshot is taken between loop passes, never
     # during a prefill)
     last_seq: int = 0
+    # prefix-cache continuation programs still compiling in the background after Ready (0: all
+    # ready); a first start after a build change spends minutes of CPU on them
+    prefix_compiling: int = 0
 
 
 @dataclass
