@@ -389,3 +389,18 @@ def test_the_copy_carries_the_default_models_own_tokenizer(tmp_path):
         assert copied.encode(text) == ours.encode(text), text
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert config["chat_template"] == ours.chat_template.source and config["eos_token"]
+
+
+def test_a_copy_of_a_random_preset_carries_a_tokenizer_of_its_vocabulary(tmp_path):
+    """The 7M checkpoint's copy for vLLM: the same weights, and a tokenizer.json whose ids are
+    exactly the preset's vocabulary, so vLLM and splitserve read one folder."""
+    from splitserve.tokenizers import load_tokenizer
+
+    folder = export("random:test-tiny", str(tmp_path / "hf"))
+    (cfg, weights), (cfg_hf, from_hf) = load_model("random:test-tiny"), load_model(folder)
+    assert cfg_hf == cfg
+    for name in weights:
+        np.testing.assert_array_equal(from_hf[name], weights[name], err_msg=name)
+    tok = load_tokenizer(os.path.join(folder, "tokenizer.json"))
+    assert tok.vocab_size == cfg.vocab_size
+    assert tok.decode(tok.encode("hello world")) == "hello world"

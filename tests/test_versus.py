@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from splitserve.bench.versus.run import table
-from splitserve.bench.versus.servers import ServerSpec, command
+from splitserve.bench.versus.servers import ServerSpec, command, compiling_programs
 
 
 def test_server_specs():
@@ -30,6 +30,18 @@ def test_each_server_is_started_on_the_same_model_and_port():
     assert ours[-4:] == ["--port", "8123", "--config", "x.toml"]
 
 
+def test_a_splitserve_server_counts_as_warm_when_no_worker_compiles():
+    page = "\n".join([
+        "# HELP splitserve_prefix_cache_compiling_programs Prefix-cache continuation programs",
+        "# TYPE splitserve_prefix_cache_compiling_programs gauge",
+        'splitserve_prefix_cache_compiling_programs{index="0"} 12.0',
+        'splitserve_prefix_cache_compiling_programs{index="1"} 3.0',
+        'splitserve_prefix_cache_blocks{index="0"} 7.0',
+    ])  # fmt: skip
+    assert compiling_programs(page) == 15
+    assert compiling_programs(page.replace("12.0", "0.0").replace("3.0", "0.0")) == 0
+
+
 def test_the_table_gives_medians_over_rounds_and_ratios_to_the_first_server():
     def row(server, c, tps, p50, failed=0):
         return {"server": server, "concurrency": c, "output_tokens_per_s": tps, "ttft_p50": p50,
@@ -40,3 +52,29 @@ def test_the_table_gives_medians_over_rounds_and_ratios_to_the_first_server():
     lines = table(rows, ["a", "b"]).splitlines()
     assert lines[2] == "| 1 | a | 3 | 20.0 | 1.00x | 0.20 | 0.40 |"
     assert lines[3] == "| 1 | b (1 failed) | 2 | 50.0 | 2.50x | 0.60 | 1.20 |"
+
+
+@pytest.mark.timeout(300)
+def test_a_round_runs_a_real_server_and_makes_its_log_dir(tokenizer_512, tmp_path):
+    """One round against a real `splitserve serve` (fake engine): the runner makes a log folder
+    that does not exist yet, measures every concurrency, and stops the server."""
+    from types import SimpleNamespace
+
+    from splitserve.bench.versus.run import run_all
+    from splitserve.launch.ports import free_port
+
+    config = tmp_path / "cluster.toml"
+    config.write_text(
+        f"[model]\nengine = 'fake'\nfake_step_s = 0.002\ntokenizer = '{tokenizer_512}'\n"
+    )
+    log_dir = tmp_path / "logs" / "deeper"
+    args = SimpleNamespace(
+        server=[f"fake={config}"], concurrency=(1, 2), num_requests=(2, 2), prompt_tokens=8,
+        output_tokens=4, warmup_requests=0, rounds=1, port=free_port(), ready_timeout=240.0,
+        log_dir=str(log_dir), root=str(tmp_path / "no-venvs"),
+    )  # fmt: skip
+    rows = run_all(args)
+    assert [(r["server"], r["concurrency"], r["ok"], r["failed"]) for r in rows] == [
+        ("fake", 1, 2, 0), ("fake", 2, 2, 0)]  # fmt: skip
+    assert all(r["output_tokens_per_s"] > 0 for r in rows)
+    assert (log_dir / "fake-0.log").stat().st_size > 0

@@ -1,7 +1,9 @@
 """A float32 Hugging Face copy of a model that splitserve loads, for servers that read only that
 form (vLLM's CPU build): the default model's GGUF, dequantized exactly as splitserve's own float32
 path computes with it, written as a LlamaForCausalLM folder (config.json, model.safetensors, and
-the tokenizer the GGUF file carries as tokenizer.json with its chat template).
+the tokenizer the GGUF file carries as tokenizer.json with its chat template). A `random:<preset>`
+model (the 7M checkpoint: random:tiny-7m) gets the synthetic byte-level tokenizer of its
+vocabulary size (tokenizers/synthetic.py, the one the tests use), so both servers read one folder.
 
     python -m splitserve.bench.versus hf-copy OUT_DIR [--model PATH]
 
@@ -110,4 +112,8 @@ def export(model_path: str, out_dir: str, tokenizer: bool = True) -> str:
         json.dump(hf_config(cfg), fh, indent=1)
     if tokenizer and model_path.endswith(".gguf"):
         write_tokenizer(model_path, out_dir)
+    elif tokenizer and model_path.startswith("random:"):
+        from splitserve.tokenizers.synthetic import build_synthetic_tokenizer
+
+        build_synthetic_tokenizer(out_dir, cfg.vocab_size)
     return out_dir

