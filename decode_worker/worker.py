@@ -8,13 +8,15 @@ A request's path through this process:
     while). Otherwise it waits in a bounded pending queue.
  3. Once a loop pass has handled its messages, pending prefixes take free slots of the slot table
     (lowest index first) and go into the engine (engine.insert).
- 4. One engine.generate() step advances every live slot by one token.
+ 4. One engine.generate() step advances every live slot by one token; while no prefix waits and no
+    live slot has logits controls or a grammar, engine.generate_many(k) runs k steps in one
+    dispatch ([model] decode_steps), so the host's work per step is paid once per k.
  5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit) and
-    kept in its slot's history.
- 6. The tokens of the step are grouped by their stamped detok worker, in slot order, and sent as
-    one TokenBatch per detok worker (only to those with tokens); sends never block.
+    kept in its slot's history; a slot's tokens after its finish within a chunk are dropped.
+ 6. The tokens of the step (or chunk) are grouped by their stamped detok worker, in slot order,
+    and sent as one TokenBatch per detok worker (only to those with tokens); sends never block.
  7. A slot is freed on a finishing token, on Abort from the router, or on Finish from the detok
-    worker (stop string) - each within one step of the message arriving.
+    worker (stop string) - each within one step (or chunk) of the message arriving.
  8. When a request's detok worker dies, the router's Repin moves its stream: the slot's history
     from the position the client has reached is sent to the new detok worker, and later tokens
     follow it there.
@@ -61,6 +63,7 @@ class DecodeWorker(WorkerLoop):
             self.engine, vocabulary.for_model(config.model, self.engine.vocab_size)
         )
         self.detok_senders("decode_to_detok")
+        self.chunk = config.model.decode_steps
         self.slots = SlotTable(self.engine.num_slots)
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
         # the router admits at most max_running requests; the slack covers prefixes of aborted
@@ -77,10 +80,12 @@ class DecodeWorker(WorkerLoop):
         self.step_gap = Histogram()  # start-to-start time of consecutive busy steps
         self.insert_time = Histogram()
         self.steps = 0
+        self.chunks = 0  # dispatches of several steps
         self.batches_sent = 0  # TokenBatches to detok workers: at most one per detok per step
         self.tokens_sent = 0
         self.kv_bytes_received = 0
         self._last_step_start: float | None = None
+        self._last_chunk = 1  # steps of the last dispatch: the gap is counted per step
         self.failed_inserts = 0
         self.handlers.update({
             PrefixHeader: self.on_prefix,
@@ -220,19 +225,47 @@ class DecodeWorker(WorkerLoop):
 
     # ---- the decode step ----
     def step(self) -> None:
-        """Advance every live slot by one token; send each detok worker its tokens of the step."""
+        """Advance every live slot by one token (or a chunk of steps); send each detok worker
+        its tokens of the step."""
         start = time.perf_counter()
         if self._last_step_start is not None:
-            self.step_gap.observe(start - self._last_step_start)
+            self.step_gap.observe((start - self._last_step_start) / self._last_chunk)
         self._last_step_start = start
-        out, broken = self.constrained.generate()
-        self.steps += 1
-        for slot, error in broken.items():  # a broken grammar: its token goes nowhere
-            self.fail_slot(slot, error)
-        batches = self.collect(out.tokens.tolist(), out.logprobs.tolist(), out)
-        self.constrained.prepare()  # the next masks, while the batches go and messages come
+        steps = self.chunk_steps()
+        self._last_chunk = steps
+        if steps > 1:
+            batches = self.run_chunk(steps)
+        else:
+            out, broken = self.constrained.generate()
+            self.steps += 1
+            for slot, error in broken.items():  # a broken grammar: its token goes nowhere
+                self.fail_slot(slot, error)
+            batches = self.collect(out.tokens.tolist(), out.logprobs.tolist(), out)
+            self.constrained.prepare()  # the next masks, while the batches go and messages come
         self.send_batches(batches)
-        self.step_time.observe(time.perf_counter() - start)
+        self.step_time.observe((time.perf_counter() - start) / steps)  # per step, as before
+
+    def chunk_steps(self) -> int:
+        """Steps for the next dispatch: the configured chunk while nothing needs a step of its
+        own (a waiting prefix takes the next free slot; a mask or matcher is per step) and every
+        live slot has room in its context for the whole chunk; else one."""
+        k = self.chunk
+        if k == 1 or self.pending or self.constrained.single_steps:
+            return 1
+        longest = max(state.context_len for _, state in self.slots.live())
+        return k if longest + k <= self.engine.max_seq_len else 1
+
+    def run_chunk(self, steps: int) -> dict[int, TokenBatch]:
+        """engine.generate_many(steps): every step's tokens in one batch per detok worker; a
+        slot that finishes at step j is freed there, so its later tokens are never read."""
+        out = self.engine.generate_many(steps)
+        self.chunks += 1
+        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
+        batches: dict[int, TokenBatch] = {}
+        for j in range(steps):
+            self.steps += 1
+            self.collect(tokens[j], logprobs[j], None, batches)
+        return batches
 
     def fail_slot(self, slot: int, error: str) -> None:
         for index, state in self.slots.live():
@@ -248,11 +281,13 @@ class DecodeWorker(WorkerLoop):
         self.engine.free(slot)
 
     def collect(
-        self, tokens: list[int], logprobs: list[float], out: Any = None
+        self, tokens: list[int], logprobs: list[float], out: Any = None,
+        batches: dict[int, TokenBatch] | None = None,
     ) -> dict[int, TokenBatch]:
         """The step's tokens (indexed by slot) grouped by detok worker, in slot order within each
-        batch; a slot whose token finishes its request is freed."""
-        batches: dict[int, TokenBatch] = {}
+        batch (added to `batches` when given); a slot whose token finishes its request is
+        freed."""
+        batches = {} if batches is None else batches
         max_seq_len = self.engine.max_seq_len
         for slot, state in self.slots.live():
             token = tokens[slot]

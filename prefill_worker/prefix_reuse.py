@@ -17,6 +17,7 @@ import numpy as np
 
 from splitserve.config import ModelConfig
 from splitserve.engine.interface import Engine, Prefix
+from splitserve.prefix_blocks import block_keys, reusable_blocks
 from splitserve.prefix_cache import PrefixCache
 from splitserve.protocol import GenerateRequest
 
@@ -53,6 +54,21 @@ class PrefixReuse:
             return Hit()
         kv = [np.concatenate(parts, axis=self.axis) for parts in zip(*blocks, strict=True)]
         return Hit(cached, kv, blocks)
+
+    def first_block(self, req: GenerateRequest) -> bytes | None:
+        """The key of the request's first reusable block (None when the cache is off, the
+        request needs every prompt position computed, or its prompt is shorter than a block):
+        two requests with the same key share at least that block of KV."""
+        if self.cache is None or needs_every_position(req):
+            return None
+        b = self.cache.block_tokens
+        if not reusable_blocks(len(req.prompt), b):
+            return None
+        return block_keys(req.prompt, b, 1)[0]
+
+    def would_hit(self, key: bytes | None) -> bool:
+        """Whether a lookup of a request with this first block would find something cached."""
+        return key is not None and self.cache is not None and self.cache.holds(key)
 
     def store(self, req: GenerateRequest, prefix: Prefix, hit: Hit) -> None:
         """Cache the prompt's whole blocks from its Prefix: the hit's own blocks as they are

@@ -5,13 +5,18 @@ A request's path through this process:
     its placement epoch; it waits in a bounded queue (an Abort of its epoch removes it). Its
     send sequence number is echoed in the load report (last_seq; a Fence carries one too): with
     an empty queue it shows the router that the request has left this worker.
- 2. engine.prefill() runs the prompt (padded to a compiled length bucket) and samples the token at
-    output position start_seq (0; or n for a request resumed after its decode worker died, whose
-    prompt then ends with its first n output tokens).
+ 2. The prompt's longest run of blocks in the prefix cache is looked up (prefill_worker/
+    prefix_reuse.py). engine.prefill() (or prefill_cached(), given that run) computes the rest,
+    padded to a compiled length bucket, and samples the token at output position start_seq (0;
+    or n for a request resumed after its decode worker died, whose prompt then ends with its
+    first n output tokens). A plain request the cache cannot help runs in one
+    engine.prefill_batch() call with the plain requests queued behind it, up to
+    [model] prefill_batch_tokens (prefill_worker/batching.py); each gets what it would alone.
  3. The finish rules are checked for that token (max_tokens reached, eos).
  4. The token goes straight to the stamped detok worker as a TokenBatch; at position 0 it opens the
     stream (detokenization parameters ride along; a resumed stream was reopened by the router). It
-    leaves first, because it is what the client is waiting for.
+    leaves first, because it is what the client is waiting for: the first tokens of a whole call
+    go before any of its prefixes.
  5. Unless the request already finished, its prefix (the KV cache of the true prompt length as
     extra frames, plus that token) goes to the stamped decode worker; when the queue to that
     worker is full (it is dead or stuck: the queue holds about a GiB of the largest prefixes),
@@ -27,8 +32,9 @@ import time
 from collections import deque
 from typing import Any
 
+from prefill_worker.batching import take_batch
 from prefill_worker.first_token import FirstToken
-from prefill_worker.prefix_reuse import PrefixReuse
+from prefill_worker.prefix_reuse import Hit, PrefixReuse
 from splitserve import protocol
 from splitserve.engine.interface import Prefix
 from splitserve.grammar import vocabulary
@@ -72,8 +78,10 @@ class PrefillWorker(WorkerLoop):
         self.detok_senders("prefill_to_detok")
         self.queue: deque[GenerateRequest] = deque()
         self.max_queue = config.router.max_running + config.router.max_queued
+        self.batch_tokens = config.model.prefill_batch_tokens
         self.prefill_time = Histogram()
         self.prefills = 0
+        self.batched_calls = 0  # engine calls of more than one prompt
         self.kv_bytes_sent = 0
         self.last_seq = 0  # of the last GenerateRequest or Fence received (router/liveness.py)
         self.handlers.update(
@@ -87,7 +95,12 @@ class PrefillWorker(WorkerLoop):
     def loop_once(self) -> None:
         self.dispatch(self.receive(wait=not self.queue))
         if self.queue:
-            self.prefill(self.queue.popleft())
+            batch = take_batch(self.queue, self.batch_tokens, self.reuse.first_block,
+                               self.reuse.would_hit)  # fmt: skip
+            if len(batch) == 1:
+                self.prefill(batch[0])
+            else:
+                self.prefill_many(batch)
 
     # ---- messages ----
     def on_generate(self, req: GenerateRequest, _frames: list[Any]) -> None:
@@ -120,21 +133,59 @@ class PrefillWorker(WorkerLoop):
         except ValueError as exc:  # a request the engine cannot run (too long, bad params)
             self.fail([req.request_id], [req.epoch], f"prefill failed: {exc}")
             return
-        took = time.perf_counter() - start
-        generated = req.start_seq + 1
-        finish = token_finish(
-            req.stop, prefix.first_token, generated, prefix.length + 1, self.engine.max_seq_len
-        )
-        self.send_first_token(req, prefix, finish, prefix.cached_tokens)
-        if finish == TokenFinish.NONE:
-            self.send_prefix(req, prefix)
-        # bookkeeping after the sends: nothing here delays the first token
-        self.reuse.store(req, prefix, hit)
-        self.prefill_time.observe(took)
-        self.prefills += 1
-        log.info("%s prefilled: %d tokens (%d cached) in %.1f ms, decode %d, detok %d",
-                 req.request_id, prefix.length, prefix.cached_tokens, took * 1e3, req.decode_index,
-                 req.detok_index)  # fmt: skip
+        self.hand_on([req], [prefix], [hit], time.perf_counter() - start)
+
+    def prefill_many(self, batch: list[GenerateRequest]) -> None:
+        """Plain requests the prefix cache holds nothing of, in one engine call; each is handed
+        on as if it had run alone."""
+        ok = []
+        for req in batch:
+            problem = self.invalid(req)
+            if problem:
+                self.fail([req.request_id], [req.epoch], problem)
+            else:
+                ok.append(req)
+        if len(ok) < 2:
+            for req in ok:
+                self.prefill(req)
+            return
+        start = time.perf_counter()
+        # take_batch made sure none is cached; the lookups count them in the cache's figures
+        hits = [self.reuse.lookup(req) for req in ok]
+        try:
+            prefixes = self.engine.prefill_batch(
+                [r.prompt for r in ok], [r.sampling for r in ok], [r.start_seq for r in ok]
+            )
+        except ValueError:  # some prompt the engine cannot run: alone, only that one fails
+            for req in ok:
+                self.prefill(req)
+            return
+        self.batched_calls += 1
+        self.hand_on(ok, prefixes, hits, time.perf_counter() - start)
+
+    def hand_on(
+        self, reqs: list[GenerateRequest], prefixes: list[Prefix], hits: list[Hit], took: float
+    ) -> None:
+        """First tokens to their detok workers, then the unfinished prefixes to decode, then
+        the bookkeeping (nothing of it delays a first token)."""
+        finishes = [
+            token_finish(req.stop, prefix.first_token, req.start_seq + 1, prefix.length + 1,
+                         self.engine.max_seq_len)  # fmt: skip
+            for req, prefix in zip(reqs, prefixes, strict=True)
+        ]
+        for req, prefix, finish in zip(reqs, prefixes, finishes, strict=True):
+            self.prefills += 1  # numbers this first token's TokenBatch
+            self.send_first_token(req, prefix, finish, prefix.cached_tokens)
+        for req, prefix, finish in zip(reqs, prefixes, finishes, strict=True):
+            if finish == TokenFinish.NONE:
+                self.send_prefix(req, prefix)
+        # each request's prefill took the whole call: what the router's admission plans with
+        for req, prefix, hit in zip(reqs, prefixes, hits, strict=True):
+            self.reuse.store(req, prefix, hit)
+            self.prefill_time.observe(took)
+            log.info("%s prefilled: %d tokens (%d cached) in %.1f ms (%d in the call), decode %d, "
+                     "detok %d", req.request_id, prefix.length, prefix.cached_tokens, took * 1e3,
+                     len(reqs), req.decode_index, req.detok_index)  # fmt: skip
 
     def invalid(self, req: GenerateRequest) -> str | None:
         """Why this request cannot be prefilled here, if it cannot."""
@@ -160,7 +211,7 @@ class PrefillWorker(WorkerLoop):
                                     self.first.prompt_scores(prefix), cached))  # fmt: skip
         top = self.first.alternatives(prefix)
         first = TokenBatch(
-            Source.PREFILL, self.prefills + 1, [rid], [req.epoch], [req.start_seq],
+            Source.PREFILL, self.prefills, [rid], [req.epoch], [req.start_seq],
             [prefix.first_token], [prefix.first_logprob], [finish], opens,
             [top[0]] if top else [], [top[1]] if top else [],
         )  # fmt: skip

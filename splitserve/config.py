@@ -11,6 +11,8 @@ A cluster file (all sections optional):
     chat_template = ""          # a Jinja file that replaces the model's own chat template
     num_slots = 16
     max_seq_len = 2048
+    prefill_batch_tokens = 256  # prompt tokens the prefill worker runs in one batched call
+    decode_steps = 4            # decode steps per dispatch while nothing waits (1: one a call)
 
     [cluster]
     mode = "processes"          # or "threads"
@@ -60,6 +62,7 @@ from splitserve.config_checks import (
     WORKER_ROLES,
     check_addresses,
     check_connection_limits,
+    check_engine_batching,
     check_prefix_cache,
     check_private,
     check_transport_security,
@@ -89,6 +92,17 @@ class ModelConfig:
     # XLA intra-op threads of the decode engine's process (0: one per CPU). The prefill engine
     # always uses every CPU: its work comes in bursts that should finish fast.
     cpu_threads: int = 0
+    # The prefill worker runs the plain prompts waiting at the front of its queue in one call,
+    # up to this many prompt tokens (0: one prompt a call); the engine compiles a (count,
+    # length) program per bucket within it. Prefill on a CPU is compute-bound: batching pays
+    # where a call's fixed cost (reading the weights, dispatch) dominates, i.e. short prompts
+    # (measured: docs/benchmarks.md, "Batched prefill and steps per dispatch").
+    prefill_batch_tokens: int = 256
+    # decode steps per dispatch while no prefix waits and no live slot has logits controls or a
+    # grammar: the host's per-step work is paid once per k steps. A stop string or an abort
+    # waits for the chunk in flight (at most decode_steps steps); warm-up compiles the decode
+    # programs once per k (kept in the executable store after).
+    decode_steps: int = 4
     # prefix reuse (splitserve/prefix_cache.py): the prefill worker keeps KV blocks of
     # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its
     # longest cached block run does not cover
@@ -363,6 +377,7 @@ def config_from_dict(
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     check_prefix_cache(model)
+    check_engine_batching(model)
     return ClusterConfig(
         model=model,
         router=router,

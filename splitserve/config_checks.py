@@ -122,6 +122,18 @@ def check_addresses(addresses: Any) -> None:
         seen[endpoint] = where
 
 
+MAX_DECODE_STEPS = 32  # a stop string or an abort waits for the chunk in flight: keep it short
+
+
+def check_engine_batching(model: Any) -> None:
+    """The workers' batching keys, at load: a bad one would only show as a failed warm-up."""
+    budget, steps = model.prefill_batch_tokens, model.decode_steps
+    if type(budget) is not int or not 0 <= budget <= 1 << 20:
+        raise ValueError("[model] prefill_batch_tokens must be a count of tokens, 0 to 1048576")
+    if type(steps) is not int or not 1 <= steps <= MAX_DECODE_STEPS:
+        raise ValueError(f"[model] decode_steps must be a count of steps, 1 to {MAX_DECODE_STEPS}")
+
+
 def check_prefix_cache(model: Any) -> None:
     """The prefix cache's keys, at load: a prefill worker would otherwise fail (or keep nothing)
     only once traffic comes."""

@@ -69,6 +69,11 @@ class PrefixCache:
         self.stats.hits += cached
         return cached, [self._blocks[key].arrays for key in run]
 
+    def holds(self, key: bytes) -> bool:
+        """Whether the block of this key is cached (a look that counts nothing and touches no
+        block: a block cached means its whole chain of ancestors is)."""
+        return key in self._blocks
+
     def store(self, tokens: Sequence[int], blocks: list[list[np.ndarray]]) -> None:
         """Cache the prompt's blocks: blocks[i] holds the arrays of whole block i (those already
         cached are skipped), then evict down to the byte bound."""

@@ -64,6 +64,31 @@ def _with(**changed):
     return config_from_dict({"addresses": {**GOOD, **changed}, "security": {"keys_dir": "/k"}})
 
 
+def test_batching_keys_reach_children_and_the_engine_options():
+    from splitserve.engine import batching_options
+
+    raw = {"cluster": {"run_dir": "/tmp/x"},
+           "model": {"prefill_batch_tokens": 128, "decode_steps": 8, "num_slots": 4}}  # fmt: skip
+    model = config_from_dict(config_to_dict(config_from_dict(raw))).model
+    assert (model.prefill_batch_tokens, model.decode_steps) == (128, 8)
+    assert batching_options(model, "decode") == {"decode_steps": (8,)}
+    # counts up to the slots (or to a call of 16-token prompts within the budget)
+    prefill = {"prefill_counts": (1, 2, 4), "prefill_batch_tokens": 128}
+    assert batching_options(model, "prefill") == prefill
+    assert batching_options(model, None) == {**prefill, "decode_steps": (8,)}  # benchmarks: both
+    alone = config_from_dict({"model": {"prefill_batch_tokens": 0},
+                              "cluster": {"run_dir": "/tmp/x"}}).model
+    assert batching_options(alone, "prefill")["prefill_counts"] == (1,)  # 0: one prompt a call
+
+
+@pytest.mark.parametrize("model", [{"prefill_batch_tokens": -1}, {"prefill_batch_tokens": 1.5},
+                                   {"prefill_batch_tokens": "256"}, {"decode_steps": 0},
+                                   {"decode_steps": 33}, {"decode_steps": True}])  # fmt: skip
+def test_batching_keys_are_checked_at_load(model):
+    with pytest.raises(ValueError, match="prefill_batch_tokens|decode_steps"):
+        config_from_dict({"model": model, "cluster": {"run_dir": "/x"}})
+
+
 def test_well_formed_endpoints_are_accepted():
     assert _with().addresses.decode == ("tcp://decode-host.example:5552",)
     assert _with(detok=["inproc://d0", "tcp://127.0.0.1:5561"]).detok_count == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from splitserve.config import ModelConfig
+from splitserve.engine.buckets import length_buckets
 from splitserve.engine.interface import Engine
 
 
@@ -38,7 +39,25 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -
         prefix_reuse=model.prefix_cache and role == "prefill",
         executable_dir=executables,
         sides=(role,) if role else ("prefill", "decode"),
+        **batching_options(model, role),
     )  # fmt: skip
+
+
+def batching_options(model: ModelConfig, role: str | None) -> dict:
+    """What each side's engine compiles beyond one prompt a call and one step a dispatch: the
+    prefill side its (count, length) programs within the token budget, the decode side its
+    k-step programs (a worker compiles only its own side's: the other's would be for nothing)."""
+    options: dict = {}
+    if role != "decode":
+        budget = model.prefill_batch_tokens
+        # counts 1, 2, 4, ... up to a call of the shortest (16-token) prompts, at most
+        # num_slots: more prompts than decode slots would wait at decode anyway
+        largest = max(1, min(model.num_slots, budget // 16))
+        options["prefill_counts"] = length_buckets(1, largest)
+        options["prefill_batch_tokens"] = max(budget, 1)
+    if role != "prefill":
+        options["decode_steps"] = (model.decode_steps,)
+    return options
 
 
 def resolve_model_path(path: str) -> str:
