@@ -15,7 +15,7 @@ from splitserve.tokenizers import load_tokenizer
 from tests.pipeline_util import expected_fake_tokens, make_config, pipeline, run, wait_for
 
 # two pipelines, each compiling its programs: minutes on a busy 2-core host
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SLOTS = 8
 CHUNK = 4
@@ -56,7 +56,7 @@ def _serve(config, prompts):
     """(ids, finish) of each prompt sent at once, and the workers' batching figures."""
 
     async def body():
-        async with pipeline(config, ready_s=240) as (core, stack):
+        async with pipeline(config, ready_s=480) as (core, stack):
             handles = [await core.submit(p, _params(i)) for i, p in enumerate(prompts)]
             streams = await asyncio.gather(*(_stream(h) for h in handles))
             burst = [(ids, h.result.finish_reason.api) for ids, h in streams]
@@ -64,7 +64,7 @@ def _serve(config, prompts):
             decode = next(w for w in stack.workers if w.role == "decode")
             return burst, prefill.batched_calls, decode.chunks
 
-    return run(body(), timeout_s=500)
+    return run(body(), timeout_s=800)
 
 
 def test_batched_prefill_and_chunked_decode_give_the_same_streams(tokenizer_512):
