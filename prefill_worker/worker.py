@@ -150,8 +150,6 @@ class PrefillWorker(WorkerLoop):
                 self.prefill(req)
             return
         start = time.perf_counter()
-        # take_batch made sure none is cached; the lookups count them in the cache's figures
-        hits = [self.reuse.lookup(req) for req in ok]
         try:
             prefixes = self.engine.prefill_batch(
                 [r.prompt for r in ok], [r.sampling for r in ok], [r.start_seq for r in ok]
@@ -160,8 +158,10 @@ class PrefillWorker(WorkerLoop):
             for req in ok:
                 self.prefill(req)
             return
+        took = time.perf_counter() - start
         self.batched_calls += 1
-        self.hand_on(ok, prefixes, hits, time.perf_counter() - start)
+        # take_batch made sure none is cached: the lookups only count them in the cache's figures
+        self.hand_on(ok, prefixes, [self.reuse.lookup(req) for req in ok], took)
 
     def hand_on(
         self, reqs: list[GenerateRequest], prefixes: list[Prefix], hits: list[Hit], took: float
@@ -179,10 +179,12 @@ class PrefillWorker(WorkerLoop):
         for req, prefix, finish in zip(reqs, prefixes, finishes, strict=True):
             if finish == TokenFinish.NONE:
                 self.send_prefix(req, prefix)
-        # each request's prefill took the whole call: what the router's admission plans with
+        # each prompt's share of the call: the router's admission counts prefills as run one
+        # after another (queued prompts x the median), which a call of n prompts does in `took`
+        share = took / len(reqs)
         for req, prefix, hit in zip(reqs, prefixes, hits, strict=True):
             self.reuse.store(req, prefix, hit)
-            self.prefill_time.observe(took)
+            self.prefill_time.observe(share)
             log.info("%s prefilled: %d tokens (%d cached) in %.1f ms (%d in the call), decode %d, "
                      "detok %d", req.request_id, prefix.length, prefix.cached_tokens, took * 1e3,
                      len(reqs), req.decode_index, req.detok_index)  # fmt: skip

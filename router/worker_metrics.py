@@ -51,7 +51,7 @@ PREFILL_COUNTERS = (
 )  # fmt: skip
 PREFILL_HISTOGRAMS = (
     ("splitserve_prefill_seconds",
-     "Prefill duration (engine.prefill of one prompt, first token sampled)", "prefill_time"),
+     "Prefill time per prompt (a batched call's time shared among its prompts)", "prefill_time"),
 )  # fmt: skip
 DECODE_GAUGES = (
     ("splitserve_decode_slots", "Decode slots (the batch size)", "num_slots"),
