@@ -43,6 +43,9 @@ class PrefixReuse:
         self.cache = (PrefixCache(model.prefix_block_tokens, int(model.prefix_cache_mb * 2**20))
                       if on else None)  # fmt: skip
         self.axis = token_axis(engine) if on else 0
+        # (cache.changes, result) of the last check: a load report (8 a second) re-checks only a
+        # cache that changed since (the check walks every block in Python)
+        self._checked: tuple[int, int] | None = None
 
     def lookup(self, req: GenerateRequest) -> Hit:
         """The request's cached prefix (none when the cache is off or the request needs every
@@ -96,13 +99,18 @@ class PrefixReuse:
 
     def consistent(self) -> int:
         """1 when check() holds, 0 when it fails, -1 when off or too large to check each time."""
-        if self.cache is None or len(self.cache) > CHECK_LIMIT:
+        cache = self.cache
+        if cache is None or len(cache) > CHECK_LIMIT:
             return -1
+        if self._checked is not None and self._checked[0] == cache.changes:
+            return self._checked[1]
         try:
-            self.cache.check()
+            cache.check()
+            result = 1
         except AssertionError:
-            return 0
-        return 1
+            result = 0
+        self._checked = (cache.changes, result)
+        return result
 
 
 def needs_every_position(req: GenerateRequest) -> bool:

@@ -46,6 +46,7 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.max_bytes = max_bytes
         self.bytes = 0
+        self.changes = 0  # stores and clears so far: what has been checked need not be again
         self.stats = CacheStats()
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()  # least recently used first
         self._children: dict[bytes, int] = {}  # key -> its cached children
@@ -78,6 +79,7 @@ class PrefixCache:
         """Cache the prompt's blocks: blocks[i] holds the arrays of whole block i (those already
         cached are skipped), then evict down to the byte bound."""
         keys = block_keys(tokens, self.block_tokens, len(blocks))
+        self.changes += 1
         parent: bytes | None = None
         for key, arrays in zip(keys, blocks, strict=False):
             if key in self._blocks:
@@ -97,6 +99,7 @@ class PrefixCache:
         self._evict()
 
     def clear(self) -> None:
+        self.changes += 1
         self._blocks.clear()
         self._children.clear()
         self.bytes = 0

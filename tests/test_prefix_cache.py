@@ -68,3 +68,37 @@ def test_invariants_hold_under_any_stores_and_lookups(requests, bound_blocks):
             cache.store(tokens, _blocks_of(tokens))
         cache.check()
     assert cache.bytes <= cache.max_bytes
+
+
+def test_stores_and_clears_count_as_changes_and_lookups_do_not():
+    cache = PrefixCache(BLOCK, 10**6)
+    tokens = list(range(13))
+    cache.store(tokens, _blocks_of(tokens))
+    assert cache.changes == 1
+    cache.lookup(tokens)
+    assert cache.changes == 1
+    cache.clear()
+    assert cache.changes == 2
+
+
+def test_the_load_reports_check_is_redone_only_after_a_change(monkeypatch):
+    """The invariant check walks every block: a load report (8 a second) runs it only when the
+    cache changed since the last one, and a broken invariant still shows at the next change."""
+    from prefill_worker.prefix_reuse import PrefixReuse
+    from splitserve.config import ModelConfig
+    from splitserve.engine.fake import FakeEngine
+
+    reuse = PrefixReuse(FakeEngine(2, 256, 1000), ModelConfig(path="random:tiny"))
+    cache = reuse.cache
+    calls = []
+    real_check = cache.check
+    monkeypatch.setattr(cache, "check", lambda: calls.append(1) or real_check())
+    tokens = list(range(40))
+    cache.store(tokens, [[np.zeros(3, np.float32)] for _ in range(2)])
+    assert [reuse.consistent() for _ in range(5)] == [1] * 5
+    assert len(calls) == 1
+    cache.bytes += 1  # the invariants break; nothing is re-checked until the cache changes
+    assert reuse.consistent() == 1
+    cache.store(list(range(100, 140)), [[np.zeros(3, np.float32)] for _ in range(2)])
+    assert reuse.consistent() == 0
+    assert len(calls) == 2
