@@ -374,6 +374,7 @@ class DecodeWorker(WorkerLoop):
             step_time=self.step_time.snapshot(),
             step_gap=self.step_gap.snapshot(),
             insert_time=self.insert_time.snapshot(),
+            chunks=self.chunks,
         )
 
     def idle(self) -> bool:

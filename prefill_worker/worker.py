@@ -253,6 +253,7 @@ class PrefillWorker(WorkerLoop):
             prefill_time=self.prefill_time.snapshot(),
             last_seq=self.last_seq,
             prefix_compiling=self.engine.continuations_pending,
+            batched_calls=self.batched_calls,
             **self.reuse.figures(),
         )
 

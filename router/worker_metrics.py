@@ -48,6 +48,8 @@ PREFILL_COUNTERS = (
     ("splitserve_prefix_cache_hits", "Prompt tokens found in the prefix cache", "prefix_hits"),
     ("splitserve_prefix_cache_evicted_blocks", "Blocks evicted from the prefix cache",
      "prefix_evicted"),
+    ("splitserve_prefill_batched_calls", "Prefill calls that ran more than one prompt",
+     "batched_calls"),
 )  # fmt: skip
 PREFILL_HISTOGRAMS = (
     ("splitserve_prefill_seconds",
@@ -63,6 +65,8 @@ DECODE_GAUGES = (
 # tokens / (steps x slots) over an interval is how full the decode batch ran
 DECODE_COUNTERS = (
     ("splitserve_decode_steps", "Decode steps run", "steps"),
+    ("splitserve_decode_chunks", "Decode dispatches of several steps ([model] decode_steps)",
+     "chunks"),
     ("splitserve_decode_tokens", "Tokens produced by decode steps", "tokens_sent"),
     ("splitserve_kv_received_bytes", "KV cache bytes received from prefill workers",
      "kv_bytes_received"),

@@ -99,6 +99,11 @@ def test_every_vllm_series_under_load(stack):
                  "vllm:request_time_per_output_token_seconds"):  # fmt: skip
         assert moved(name, "_count", **model) == STREAMS, name
     assert moved("vllm:request_generation_tokens", "_sum", **model) == STREAMS * MAX_TOKENS
+    # the last streams' steps ran [model] decode_steps at a time (no prefix waited for a slot);
+    # the worker's figures come with its next heartbeats
+    wait_until(lambda: value(families(stack.url), "splitserve_decode_chunks", "_total")
+               > value(before, "splitserve_decode_chunks", "_total"), 30,
+               "dispatches of several decode steps on /metrics")  # fmt: skip
     assert moved("vllm:inter_token_latency_seconds", "_count", **model) > 0
     wait_until(lambda: value(families(stack.url), "vllm:num_requests_running") == 0, 10,
                "no request running")  # fmt: skip
@@ -125,6 +130,7 @@ def check_types_and_labels(fams: dict) -> None:
     for name in ("splitserve_dropped_sends", "splitserve_detok_tokens", "splitserve_decode_steps",
                  "splitserve_decode_tokens", "splitserve_kv_sent_bytes",
                  "splitserve_kv_received_bytes", "splitserve_worker_restarts",
+                 "splitserve_decode_chunks", "splitserve_prefill_batched_calls",
                  "splitserve_rejected_requests", "splitserve_request_migrations"):  # fmt: skip
         assert fams[name].type == "counter", name
     for name in ("splitserve_worker_up", "splitserve_detok_streams", "splitserve_decode_slots",

@@ -13,11 +13,12 @@ from splitserve.engine.interface import (
     SamplingParams,
 )
 
+# 9: PrefillLoad.batched_calls, DecodeLoad.chunks (the workers' batching);
 # 8: PrefillLoad.prefix_compiling (the background compiles left);
 # 7: send sequence numbers to prefill workers (GenerateRequest.seq, Fence, PrefillLoad.last_seq);
 # 6: prefix cache (cached_tokens, PrefillLoad's prefix_*); 5: logits controls, grammars, top and
 # prompt logprobs; 4: incarnations
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 
 class TokenFinish(enum.IntEnum):
@@ -335,6 +336,7 @@ class PrefillLoad:
     # prefix-cache continuation programs still compiling in the background after Ready (0: all
     # ready); a first start after a build change spends minutes of CPU on them
     prefix_compiling: int = 0
+    batched_calls: int = 0  # engine calls that ran more than one prompt, since start
 
 
 @dataclass
@@ -356,6 +358,7 @@ class DecodeLoad:
     step_time: HistogramSnapshot
     step_gap: HistogramSnapshot  # start-to-start time of consecutive busy steps
     insert_time: HistogramSnapshot  # a prefix into its slot (engine.insert)
+    chunks: int = 0  # dispatches of several steps ([model] decode_steps), since start
 
 
 @dataclass
