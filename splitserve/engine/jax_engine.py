@@ -277,7 +277,9 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         if n_live == 0:
             return StepOutput(tokens=tokens, logprobs=logprobs)
         batch = pick(self.batch_buckets, n_live)
-        self._compact(batch)
+        # live rows packed into [0, n_live), not just below the bucket: the kernel's products
+        # then compute those rows only (programs.LIVE)
+        self._compact(n_live)
         pos = self._ints[prog.POS]
         # A slot at max_seq_len has no room left: callers stop it before; clamping keeps
         # its writes inside its own row if one does not.
@@ -287,6 +289,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         # Holes below `batch` write junk at position 0 of their own row, inside capacity.
         pos[~live] = 0
         ints = np.ascontiguousarray(self._ints[:, :batch])
+        ints[prog.LIVE] = n_live
         program = self._program(("decode", batch, self._capacity, steps))
         top = None
         if steps == 1:

@@ -154,19 +154,20 @@ def _split_qkv(cfg: LlamaConfig, qkv):
     return q, k, v
 
 
-def _mlp(cfg: LlamaConfig, lw: dict, x):
+def _mlp(cfg: LlamaConfig, lw: dict, x, rows=None):
     """SwiGLU: down(silu(gate(x)) * up(x)). x: [..., hidden] (already normed)."""
-    gu = _matmul(x, lw["w_gate_up"])  # [..., 2 * intermediate]
+    gu = _matmul(x, lw["w_gate_up"], rows)  # [..., 2 * intermediate]
     gate, up = gu[..., :cfg.intermediate], gu[..., cfg.intermediate:]
-    return _matmul(jax.nn.silu(gate) * up, lw["w_down"])
+    return _matmul(jax.nn.silu(gate) * up, lw["w_down"], rows)
 
 
-def _matmul(x, w):
+def _matmul(x, w, rows=None):
     """x [..., in] float32 @ w [in, out] -> float32. A QMatrix runs in the native kernel
-    (quant.py); narrower XLA weights (bfloat16) are widened first: CPUs without bfloat16
-    arithmetic multiply float32 far faster."""
+    (quant.py), which with `rows` (a traced count) computes only the leading rows of x and
+    zeroes the rest; XLA's matmul computes them all. Narrower XLA weights (bfloat16) are
+    widened first: CPUs without bfloat16 arithmetic multiply float32 far faster."""
     if isinstance(w, quant.QMatrix):
-        return quant.matmul(x, w)
+        return quant.matmul(x, w, rows)
     return jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
 
 
@@ -198,10 +199,10 @@ def _attend(qg, ck, cv, visible):
     return jnp.sum(probs[..., None] * cv[:, :, None].astype(jnp.float32), axis=3)
 
 
-def _logits(cfg: LlamaConfig, params: dict, x):
+def _logits(cfg: LlamaConfig, params: dict, x, rows=None):
     """x: [..., hidden] residual stream -> [..., vocab] float32 logits."""
     h = rms_norm(x, params["final_norm"], cfg.rms_eps)
-    blocks = [_matmul(h, block) for block in params["head"]]
+    blocks = [_matmul(h, block, rows) for block in params["head"]]
     return blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=-1)
 
 
@@ -278,7 +279,7 @@ def _write_rows(cache, new, positions, axis: int):
 
 def decode(
     cfg: LlamaConfig, params: dict, cache_k: list, cache_v: list, tokens, positions,
-    attention: str = "xla",
+    attention: str = "xla", live=None,
 ):
     """One token for each of the first n rows of the cache (n = len(tokens)).
 
@@ -292,6 +293,9 @@ def decode(
     tokens: [n] int32 input token; positions: [n] int32 where it goes (< capacity).
     attention: "xla" (the loops below) or "native" (native/attention.c: reads each row's
     positions up to its own, not the whole capacity).
+    live: how many leading rows are live (a traced int32; None: all). The native kernel's
+    matrix products compute those rows only, so a step with 12 live rows in a 16-row bucket
+    costs about what 12 rows cost; the rows after them come out as zeros (padding, never read).
     Returns (logits [n, vocab] float32, cache_k, cache_v) with the new K/V written.
     """
     n = tokens.shape[0]
@@ -305,7 +309,7 @@ def decode(
     new_k, new_v = [], []
     for lw, ck, cv in zip(params["layers"], cache_k, cache_v, strict=True):
         h = rms_norm(x, lw["attn_norm"], cfg.rms_eps)
-        q, k, v = _split_qkv(cfg, _matmul(h, lw["wqkv"]))  # q [n, H, D], k, v [n, KV, D]
+        q, k, v = _split_qkv(cfg, _matmul(h, lw["wqkv"], live))  # q [n, H, D], k, v [n, KV, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ck = _write_rows(ck, k, positions, axis=3)  # [rows, KV, D, C]
         cv = _write_rows(cv, v, positions, axis=2)  # [rows, KV, C, D]
@@ -316,6 +320,6 @@ def decode(
             o = qkernel.attention(qg, ck, cv, positions + 1)  # [n, KV, G, D]
         else:
             o = _attend(qg, ck[:n], cv[:n], visible)  # the live rows only
-        x = x + _matmul(o.reshape(n, cfg.heads * d), lw["wo"])
-        x = x + _mlp(cfg, lw, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))
-    return _logits(cfg, params, x), new_k, new_v
+        x = x + _matmul(o.reshape(n, cfg.heads * d), lw["wo"], live)
+        x = x + _mlp(cfg, lw, rms_norm(x, lw["ffn_norm"], cfg.rms_eps), live)
+    return _logits(cfg, params, x, live), new_k, new_v

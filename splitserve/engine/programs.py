@@ -1,6 +1,6 @@
 """The functions JaxEngine compiles, one program per shape (see JaxEngine._compile).
 
-Host-side inputs of a decode step travel packed: one int32 array [5, rows] (INT_ROWS) and one
+Host-side inputs of a decode step travel packed: one int32 array [6, rows] (INT_ROWS) and one
 float32 array [2, rows] (FLOAT_ROWS), one host->device copy each instead of seven.
 """
 
@@ -14,8 +14,9 @@ from splitserve.engine import controls, llama_model
 from splitserve.engine import sampling as sampler
 
 # Rows of the packed per-step int32 input.
-TOKEN, POS, OUT_POS, TOP_K, SEED = range(5)
-INT_ROWS = 5
+# LIVE: the live rows of the step (the same in every column; they are packed at the front).
+TOKEN, POS, OUT_POS, TOP_K, SEED, LIVE = range(6)
+INT_ROWS = 6
 # Rows of the packed per-step float32 input.
 TEMP, TOP_P = range(2)
 FLOAT_ROWS = 2
@@ -61,7 +62,7 @@ def decode_fn(cfg, attention, params, cache_k, cache_v, ints):
     case needs nothing else); the logits come back too, for the separate sampling program
     when some row samples."""
     logits, cache_k, cache_v = llama_model.decode(
-        cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS], attention
+        cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS], attention, jnp.max(ints[LIVE])
     )
     tokens, logprobs = sampler.greedy(logits)
     return cache_k, cache_v, tokens, logprobs, logits
@@ -79,7 +80,8 @@ def decode_steps_fn(cfg, attention, steps, params, cache_k, cache_v, ints, float
     def step(carry, _):
         cache_k, cache_v, ints = carry
         logits, cache_k, cache_v = llama_model.decode(
-            cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS], attention
+            cfg, params, cache_k, cache_v, ints[TOKEN], ints[POS], attention,
+            jnp.max(ints[LIVE]),
         )
         tokens, logprobs = lax.cond(
             hot,

@@ -8,6 +8,8 @@ FFI targets: one matmul per storage format (see quant.py for the layouts), and d
 attention (native/attention.c):
     splitserve_q8_0(x, qs, d) -> y        splitserve_q4_1(x, qs, d, m) -> y
     splitserve_bf16(x, w) -> y            x: [..., K] float32; y: [..., N] float32
+    splitserve_<fmt>_rows(x, ..., rows)   the same for the leading rows[0] rows of x only
+                                          (int32 [1]; the rest of y is zero)
     splitserve_attention(q, cache_k, cache_v, lengths) -> out
 """
 
@@ -22,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 FORMATS = ("q8_0", "q4_1", "bf16")
-TARGETS = (*FORMATS, "attention")
+TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), "attention")
 ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 
 _lock = threading.Lock()
@@ -94,12 +96,17 @@ def _require() -> ctypes.CDLL:
     return lib
 
 
-def qmatmul(fmt: str, x, arrays, out_dim: int):
+def qmatmul(fmt: str, x, arrays, out_dim: int, rows=None):
     """x [..., K] float32 @ the quantized matrix held in `arrays` -> [..., out_dim] float32.
-    Traced inside jit: one custom call."""
+    rows (a traced int32 scalar, or None: all): compute only the first `rows` rows of x (the
+    leading dimensions flattened), the rest of the result is zero; each computed row is the
+    same as without it. Traced inside jit: one custom call."""
     _require()
     out = jax.ShapeDtypeStruct((*x.shape[:-1], out_dim), jnp.float32)
-    return jax.ffi.ffi_call(f"splitserve_{fmt}", out)(x.astype(jnp.float32), *arrays)
+    if rows is None:
+        return jax.ffi.ffi_call(f"splitserve_{fmt}", out)(x.astype(jnp.float32), *arrays)
+    rows = jnp.reshape(jnp.asarray(rows, jnp.int32), (1,))
+    return jax.ffi.ffi_call(f"splitserve_{fmt}_rows", out)(x.astype(jnp.float32), *arrays, rows)
 
 
 def attention(q, cache_k, cache_v, lengths):

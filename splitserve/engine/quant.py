@@ -206,6 +206,7 @@ def device_matrix(weights: str, parts: Callable[[], list[np.ndarray]], native: l
     return jax.numpy.asarray(fused, dtype)
 
 
-def matmul(x, m: QMatrix):
-    """x [..., K] float32 -> [..., N] float32, inside jit."""
-    return qkernel.qmatmul(m.fmt, x, m.arrays, m.shape[0])
+def matmul(x, m: QMatrix, rows=None):
+    """x [..., K] float32 -> [..., N] float32, inside jit; with rows, only the first rows of x
+    are computed (qkernel.qmatmul), the rest are zero."""
+    return qkernel.qmatmul(m.fmt, x, m.arrays, m.shape[0], rows)

@@ -2,10 +2,11 @@
 
 The worker names slots 0..num_slots-1 and keeps them as long as a request lives; the engine
 stores a slot's cache and inputs in a *row* of its batch buffers, and runs the step over
-rows [0, b) with b the smallest batch bucket holding the live slots. So that those rows are
-exactly the live ones, a new slot takes the lowest free row, and before a step any live row
-at or beyond b moves into a free row below it (`plan_moves`). Rows only move when a finished
-request leaves a hole that the bucket no longer covers, so a steady load rarely moves one.
+rows [0, b) with b the smallest batch bucket holding the live slots. A new slot takes the
+lowest free row, and before a step the engine moves any live row at or beyond the live count
+n into a free row below it (`plan_moves(n)`), so the live rows are exactly [0, n): the native
+kernel's products compute those rows only, and the step costs n rows rather than b. A row moves
+only when a finished request leaves a hole below a live row: at most one move per request.
 Pure bookkeeping: the engine copies the cache rows itself.
 """
 

@@ -120,11 +120,16 @@ static int matrix(const XLA_FFI_Buffer* b, int64_t n, int64_t cols) {
   return b && b->rank == 2 && b->dims[0] == n && b->dims[1] == cols;
 }
 
-static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt) {
+/* with_rows: a last operand, int32 [1], says how many leading rows of x to compute (the live
+   rows of a decode batch, packed at its front): the rest of y is zero, so a step costs its live
+   rows, not its batch bucket. Outside 1..B it means all of them. Each row's sums are the same
+   either way (see the top of this file). */
+static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt, int with_rows) {
   XLA_FFI_Error* early;
   if (ffi_preamble(cf, &early)) return early;
   const XLA_FFI_Api* api = cf->api;
-  const int nargs = fmt == FMT_Q4_1 ? 4 : (fmt == FMT_Q8_0 ? 3 : 2);
+  const int nw = fmt == FMT_Q4_1 ? 4 : (fmt == FMT_Q8_0 ? 3 : 2);
+  const int nargs = nw + (with_rows ? 1 : 0);
   if (cf->args.size != nargs || cf->rets.size != 1) return ffi_error(api, "qmatmul: wrong arity");
   XLA_FFI_Buffer *x = ffi_arg(cf, 0), *w = ffi_arg(cf, 1), *y = ffi_ret(cf);
   if (!x || !w || !y || x->dtype != XLA_FFI_DataType_F32 || y->dtype != XLA_FFI_DataType_F32 ||
@@ -161,11 +166,30 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt) {
       j.m = (const uint16_t*)m->data;
     }
   }
+  if (with_rows) {
+    XLA_FFI_Buffer* r = ffi_arg(cf, nw);
+    if (!r || r->dtype != XLA_FFI_DataType_S32 || r->rank != 1 || r->dims[0] != 1)
+      return ffi_error(api, "qmatmul: rows must be int32 [1]");
+    const int64_t live = *(const int32_t*)r->data;
+    if (live >= 1 && live < j.B) {
+      memset(j.y + live * j.N, 0, sizeof(float) * (size_t)((j.B - live) * j.N));
+      j.B = live;
+    }
+  }
   j.rows = rows_fn();
   parallel_for(api, cf->ctx, j.N, j.B * j.K * j.N, rows_chunk, &j, sizeof j);
   return NULL;
 }
 
-EXPORT XLA_FFI_Error* splitserve_q8_0(XLA_FFI_CallFrame* cf) { return handle(cf, FMT_Q8_0); }
-EXPORT XLA_FFI_Error* splitserve_q4_1(XLA_FFI_CallFrame* cf) { return handle(cf, FMT_Q4_1); }
-EXPORT XLA_FFI_Error* splitserve_bf16(XLA_FFI_CallFrame* cf) { return handle(cf, FMT_BF16); }
+EXPORT XLA_FFI_Error* splitserve_q8_0(XLA_FFI_CallFrame* cf) { return handle(cf, FMT_Q8_0, 0); }
+EXPORT XLA_FFI_Error* splitserve_q4_1(XLA_FFI_CallFrame* cf) { return handle(cf, FMT_Q4_1, 0); }
+EXPORT XLA_FFI_Error* splitserve_bf16(XLA_FFI_CallFrame* cf) { return handle(cf, FMT_BF16, 0); }
+EXPORT XLA_FFI_Error* splitserve_q8_0_rows(XLA_FFI_CallFrame* cf) {
+  return handle(cf, FMT_Q8_0, 1);
+}
+EXPORT XLA_FFI_Error* splitserve_q4_1_rows(XLA_FFI_CallFrame* cf) {
+  return handle(cf, FMT_Q4_1, 1);
+}
+EXPORT XLA_FFI_Error* splitserve_bf16_rows(XLA_FFI_CallFrame* cf) {
+  return handle(cf, FMT_BF16, 1);
+}
