@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from splitserve.engine import qkernel
 from splitserve.engine.buckets import batch_buckets, prefill_shapes
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
@@ -21,10 +22,15 @@ GREEDY = SamplingParams()
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=4321)
 
 
-@pytest.fixture(scope="module")
-def engine():
+# float32 runs XLA's products over the whole bucket; int8 the native kernel's, which compute
+# the live rows only (programs.LIVE): both must give every request the same tokens
+@pytest.fixture(scope="module", params=["float32", "int8"])
+def engine(request):
+    if request.param != "float32" and not qkernel.available():
+        pytest.skip("native kernel not built")
     eng = build_jax_engine(  # one cache capacity: test_engine_kv covers resizing
-        "random:test-tiny:3", SLOTS, MAX_SEQ, prefill_buckets=BUCKETS, decode_buckets=(MAX_SEQ,)
+        "random:test-tiny:3", SLOTS, MAX_SEQ, prefill_buckets=BUCKETS, decode_buckets=(MAX_SEQ,),
+        weight_format=request.param,
     )
     eng.warmup(prefill=True, decode=True)
     return eng

@@ -11,8 +11,10 @@
    before using them): keys [rows, kv_heads, head_dim, capacity] (transposed, so q.K reads
    along the last axis), values [rows, kv_heads, capacity, head_dim].
 3. `generate` runs one compiled step over rows [0, b), b the smallest batch bucket that
-   holds the live slots (a live row beyond b first moves into a hole below it), so one
-   stream costs a batch of one, not num_slots. The cache buffers are donated so the new
+   holds the live slots, which first move into rows [0, n) for n live (a live row at or
+   beyond n moves into a hole below it): the native kernel's products compute those n rows
+   only (programs.LIVE), so one stream costs a batch of one and 12 live slots in the 16-row
+   program about what 12 rows cost. The cache buffers are donated so the new
    K/V are written in place. The cache's capacity (positions per row) follows the smallest
    capacity bucket that covers the longest live sequence, by a compiled copy, so attention
    costs what the live sequences need, not max_seq_len. It grows at once; it shrinks only
@@ -286,7 +288,8 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         np.minimum(pos, self.max_seq_len - 1, out=pos)
         need = min(int(pos[live].max()) + steps, self.max_seq_len)
         self._follow_need(pick(self.decode_buckets, need))
-        # Holes below `batch` write junk at position 0 of their own row, inside capacity.
+        # Padding rows [n_live, batch) write junk at position 0 of their own row, inside
+        # capacity.
         pos[~live] = 0
         ints = np.ascontiguousarray(self._ints[:, :batch])
         ints[prog.LIVE] = n_live
@@ -344,9 +347,9 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self._floats[:, row] = (0.0, 1.0)  # greedy, so it never forces the sampling variant
         self._controls.clear(row)
 
-    def _compact(self, batch: int) -> None:
-        """Move live rows at or beyond `batch` into the holes below it (cache and inputs)."""
-        moves = self._rows.plan_moves(batch)
+    def _compact(self, height: int) -> None:
+        """Move live rows at or beyond `height` into the holes below it (cache and inputs)."""
+        moves = self._rows.plan_moves(height)
         if not moves:
             return
         program = self._program(("move", self._capacity))
