@@ -8,9 +8,10 @@ A request's path through this process:
     while). Otherwise it waits in a bounded pending queue.
  3. Once a loop pass has handled its messages, pending prefixes take free slots of the slot table
     (lowest index first) and go into the engine (engine.insert).
- 4. One engine.generate() step advances every live slot by one token; while no prefix waits and no
-    live slot has logits controls or a grammar, engine.generate_many(k) runs k steps in one
-    dispatch ([model] decode_steps), so the host's work per step is paid once per k.
+ 4. One engine.generate() step advances every live slot by one token; while no prefix waits, no
+    live slot has logits controls or a grammar and few slots are live ([model]
+    decode_steps_max_live), engine.generate_many(k) runs k steps in one dispatch ([model]
+    decode_steps), so the host's work per step is paid once per k.
  5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit) and
     kept in its slot's history; a slot's tokens after its finish within a chunk are dropped.
  6. The tokens of the step (or chunk) are grouped by their stamped detok worker, in slot order,
@@ -64,6 +65,7 @@ class DecodeWorker(WorkerLoop):
         )
         self.detok_senders("decode_to_detok")
         self.chunk = config.model.decode_steps
+        self.chunk_live = config.model.decode_steps_max_live  # chunks only at most this many live
         self.slots = SlotTable(self.engine.num_slots)
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
         # the router admits at most max_running requests; the slack covers prefixes of aborted
@@ -247,13 +249,16 @@ class DecodeWorker(WorkerLoop):
 
     def chunk_steps(self) -> int:
         """Steps for the next dispatch: the configured chunk while nothing needs a step of its
-        own (a waiting prefix takes the next free slot; a mask or matcher is per step) and every
-        live slot has room in its context for the whole chunk; else one."""
+        own (a waiting prefix takes the next free slot; a mask or matcher is per step), at most
+        decode_steps_max_live slots are live and every live slot has room in its context for
+        the whole chunk; else one."""
         k = self.chunk
         if k == 1 or self.pending or self.constrained.single_steps:
             return 1
-        longest = max(state.context_len for _, state in self.slots.live())
-        return k if longest + k <= self.engine.max_seq_len else 1
+        contexts = [state.context_len for _, state in self.slots.live()]
+        if len(contexts) > self.chunk_live:
+            return 1
+        return k if max(contexts) + k <= self.engine.max_seq_len else 1
 
     def run_chunk(self, steps: int) -> dict[int, TokenBatch]:
         """engine.generate_many(steps): every step's tokens in one batch per detok worker; a

@@ -132,6 +132,9 @@ def check_engine_batching(model: Any) -> None:
         raise ValueError("[model] prefill_batch_tokens must be a count of tokens, 0 to 1048576")
     if type(steps) is not int or not 1 <= steps <= MAX_DECODE_STEPS:
         raise ValueError(f"[model] decode_steps must be a count of steps, 1 to {MAX_DECODE_STEPS}")
+    live = model.decode_steps_max_live
+    if type(live) is not int or not 1 <= live <= 1 << 16:  # above num_slots: every batch
+        raise ValueError("[model] decode_steps_max_live must be a count of live slots, 1 or more")
 
 
 def check_prefix_cache(model: Any) -> None:

@@ -68,14 +68,16 @@ def test_batching_keys_reach_children_and_the_engine_options():
     from splitserve.engine import batching_options
 
     raw = {"cluster": {"run_dir": "/tmp/x"},
-           "model": {"prefill_batch_tokens": 128, "decode_steps": 8, "num_slots": 4}}  # fmt: skip
+           "model": {"prefill_batch_tokens": 128, "decode_steps": 8, "num_slots": 4,
+                     "decode_steps_max_live": 3}}  # fmt: skip
     model = config_from_dict(config_to_dict(config_from_dict(raw))).model
     assert (model.prefill_batch_tokens, model.decode_steps) == (128, 8)
-    assert batching_options(model, "decode") == {"decode_steps": (8,)}
+    decode = {"decode_steps": (8,), "decode_steps_max_live": 3}
+    assert batching_options(model, "decode") == decode
     # counts up to the slots (or to a call of 16-token prompts within the budget)
     prefill = {"prefill_counts": (1, 2, 4), "prefill_batch_tokens": 128}
     assert batching_options(model, "prefill") == prefill
-    assert batching_options(model, None) == {**prefill, "decode_steps": (8,)}  # benchmarks: both
+    assert batching_options(model, None) == {**prefill, **decode}  # benchmarks: both
     alone = config_from_dict({"model": {"prefill_batch_tokens": 0},
                               "cluster": {"run_dir": "/tmp/x"}}).model
     assert batching_options(alone, "prefill")["prefill_counts"] == (1,)  # 0: one prompt a call
@@ -83,7 +85,9 @@ def test_batching_keys_reach_children_and_the_engine_options():
 
 @pytest.mark.parametrize("model", [{"prefill_batch_tokens": -1}, {"prefill_batch_tokens": 1.5},
                                    {"prefill_batch_tokens": "256"}, {"decode_steps": 0},
-                                   {"decode_steps": 33}, {"decode_steps": True}])  # fmt: skip
+                                   {"decode_steps": 33}, {"decode_steps": True},
+                                   {"decode_steps_max_live": 0},
+                                   {"decode_steps_max_live": 2.0}])  # fmt: skip
 def test_batching_keys_are_checked_at_load(model):
     with pytest.raises(ValueError, match="prefill_batch_tokens|decode_steps"):
         config_from_dict({"model": model, "cluster": {"run_dir": "/x"}})

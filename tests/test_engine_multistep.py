@@ -57,3 +57,25 @@ def test_many_steps_per_call_equal_single_steps(engine, live):
 def test_uncompiled_step_count_is_refused(engine):
     with pytest.raises(ValueError):
         engine.generate_many(K + 1)
+
+
+def test_k_step_programs_only_up_to_the_live_bound():
+    """decode_steps_max_live: the k-step programs exist for the batch buckets that hold that
+    many live slots only, and generate_many is refused above it (the worker steps one at a
+    time there); at or below it, it runs as before."""
+    eng = build_jax_engine(
+        "random:test-tiny:9", SLOTS, MAX_SEQ, prefill_buckets=(16, 64), decode_buckets=(32, 64),
+        decode_steps=(K,), decode_steps_max_live=1,
+    )
+    decode = [k for k in eng.program_keys(prefill=False) if k[0] == "decode"]
+    assert {(b, k) for _, b, _, k in decode} == {(1, 1), (2, 1), (4, 1), (1, K)}
+    prefix = eng.prefill(_prompt(3, 12), SamplingParams())
+    eng.insert(prefix, 2, SamplingParams())
+    alone = eng.generate_many(K).tokens[:, 2]
+    eng.insert(prefix, 0, SamplingParams())
+    with pytest.raises(ValueError, match="at most 1 live"):
+        eng.generate_many(K)
+    eng.free(0)
+    eng.free(2)
+    eng.insert(prefix, 2, SamplingParams())
+    np.testing.assert_array_equal([eng.generate().tokens[2] for _ in range(K)], alone)

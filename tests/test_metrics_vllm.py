@@ -31,7 +31,7 @@ STEP_S = 0.01
 def stack(tokenizer_512):
     with http_stack(
         tokenizer_512,
-        model={"fake_step_s": STEP_S, "num_slots": 8},
+        model={"fake_step_s": STEP_S, "num_slots": 8, "decode_steps_max_live": 8},
         router={"api_key": KEY, "open_metrics": True, "served_model_name": NAMES},
     ) as s:
         yield s

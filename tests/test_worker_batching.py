@@ -36,7 +36,7 @@ def _config(tokenizer: str, prefill_tokens: int, steps: int):
         "threads",
         model={"engine": "jax", "path": "random:test-tiny", "num_slots": SLOTS,
                "max_seq_len": 64, "prefill_batch_tokens": prefill_tokens,
-               "decode_steps": steps},
+               "decode_steps": steps, "decode_steps_max_live": SLOTS},
         router={"max_running": 32},
         lifecycle={"liveness_timeout_s": 5.0},
     )  # fmt: skip

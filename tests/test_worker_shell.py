@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
+from decode_worker.slots import Slot
 from decode_worker.worker import DecodeWorker
 from detok_worker.worker import DetokWorker
 from prefill_worker.worker import PrefillWorker
@@ -160,3 +161,23 @@ def test_delayed_first_token_goes_out_when_the_shell_releases_it(cluster):
     # held by the fault until release_due(), which the shell's run() calls once per loop pass
     first, _ = wait_for_message(peers["detok1"], TokenBatch, worker.faults.release_due)
     assert first.request_ids == ["a"] and first.seqs == [0]
+
+
+def test_chunks_run_only_up_to_the_live_bound(cluster):
+    """[model] decode_steps_max_live (2 by default): the decode worker runs decode_steps steps a
+    dispatch while at most that many slots are live, one step a dispatch above it."""
+    worker, _ = cluster(DecodeWorker)
+    model = worker.config.model
+    assert (model.decode_steps, model.decode_steps_max_live) == (4, 2)
+
+    def take(rid: str) -> None:
+        worker.slots.take(Slot(rid, 0, 0, StopCriteria(max_tokens=100), 1, 8))
+
+    take("a")
+    assert worker.chunk_steps() == 4
+    take("b")
+    assert worker.chunk_steps() == 4
+    take("c")
+    assert worker.chunk_steps() == 1  # three live: one step a dispatch
+    worker.slots.release("b")
+    assert worker.chunk_steps() == 4

@@ -57,6 +57,7 @@ def batching_options(model: ModelConfig, role: str | None) -> dict:
         options["prefill_batch_tokens"] = max(budget, 1)
     if role != "prefill":
         options["decode_steps"] = (model.decode_steps,)
+        options["decode_steps_max_live"] = model.decode_steps_max_live
     return options
 
 

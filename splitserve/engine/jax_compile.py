@@ -148,7 +148,7 @@ class CompiledPrograms:
                      if n <= b]  # fmt: skip
             for i, c in enumerate(self.decode_buckets):
                 keys += [("decode", b, c, k) for b in self.batch_buckets
-                         for k in self.decode_steps]
+                         for k in self.decode_steps if k == 1 or b <= self.chunk_batch]
                 widths = sorted({min(p, c) for p in self.prefill_buckets})
                 keys += [("insert", w, c) for w in widths]
                 if len(self.batch_buckets) > 1:

@@ -100,6 +100,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         prefill_counts: Sequence[int] = (1,),
         prefill_batch_tokens: int = 1024,
         decode_steps: Sequence[int] = (1,),
+        decode_steps_max_live: int | None = None,
         weight_format: str = "auto",
         prefill_weight_format: str | None = None,
         attention: str = "auto",
@@ -139,6 +140,11 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         )
         self.prefill_batch_tokens = prefill_batch_tokens
         self.decode_steps = tuple(sorted({1, *decode_steps}))
+        # several steps a dispatch only while at most this many slots are live (all: None);
+        # the k-step programs exist for the batch buckets that hold that many
+        live = num_slots if decode_steps_max_live is None else decode_steps_max_live
+        self.decode_steps_max_live = max(1, min(live, num_slots))
+        self.chunk_batch = pick(self.batch_buckets, self.decode_steps_max_live)
         if attention not in ("auto", "native", "xla"):
             raise ValueError(f"attention {attention!r}: auto, native or xla")
         if attention == "auto":
@@ -268,6 +274,9 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
             raise ValueError(f"{steps} steps per call not compiled; have {self.decode_steps}")
         if self.controlled:  # each step needs its own mask and the previous step's tokens
             raise ValueError("a live slot has logits controls: one step per call (generate)")
+        if steps > 1 and int(self._live.sum()) > self.decode_steps_max_live:
+            raise ValueError(f"{steps} steps per call compiled for at most "
+                             f"{self.decode_steps_max_live} live slots")  # fmt: skip
         return self._run(steps)
 
     def _run(self, steps: int, masks: StepMasks | None = None) -> StepOutput:
