@@ -65,7 +65,8 @@ class DecodeWorker(WorkerLoop):
         )
         self.detok_senders("decode_to_detok")
         self.chunk = config.model.decode_steps
-        self.chunk_live = config.model.decode_steps_max_live  # chunks only at most this many live
+        # chunks only while at most this many slots are live (0: any)
+        self.chunk_live = config.model.decode_steps_max_live or self.engine.num_slots
         self.slots = SlotTable(self.engine.num_slots)
         self.pending: deque[tuple[PrefixHeader, list[Any]]] = deque()
         # the router admits at most max_running requests; the slack covers prefixes of aborted

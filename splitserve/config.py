@@ -13,7 +13,7 @@ A cluster file (all sections optional):
     max_seq_len = 2048
     prefill_batch_tokens = 256  # prompt tokens the prefill worker runs in one batched call
     decode_steps = 4            # decode steps per dispatch while nothing waits (1: one a call)
-    decode_steps_max_live = 2   # ... and while at most this many slots are live
+    decode_steps_max_live = 0   # ... and while at most this many slots are live (0: any)
 
     [cluster]
     mode = "processes"          # or "threads"
@@ -104,11 +104,12 @@ class ModelConfig:
     # waits for the chunk in flight (at most decode_steps steps); warm-up compiles the decode
     # programs once per k (kept in the executable store after).
     decode_steps: int = 4
-    # ... only while at most this many slots are live: a k-step program pays where the host's
-    # work per dispatch is a large part of the step (one or two live rows); from four rows up
-    # it measured no gain, and each k-step program costs a cold start seconds of compiling.
-    # Warm-up compiles the k-step programs only for the batch buckets up to this count.
-    decode_steps_max_live: int = 2
+    # ... only while at most this many slots are live (0: however many). A k-step dispatch pays
+    # where the host's work per dispatch is a large part of a step: a small model's at every
+    # batch size, the default model's at one or two live rows only (docs/benchmarks.md), where
+    # each k-step program costs a cold start about 6 s of compiling. Warm-up compiles the
+    # k-step programs only for the batch buckets up to this count.
+    decode_steps_max_live: int = 0
     # prefix reuse (splitserve/prefix_cache.py): the prefill worker keeps KV blocks of
     # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its
     # longest cached block run does not cover

@@ -133,8 +133,8 @@ def check_engine_batching(model: Any) -> None:
     if type(steps) is not int or not 1 <= steps <= MAX_DECODE_STEPS:
         raise ValueError(f"[model] decode_steps must be a count of steps, 1 to {MAX_DECODE_STEPS}")
     live = model.decode_steps_max_live
-    if type(live) is not int or not 1 <= live <= 1 << 16:  # above num_slots: every batch
-        raise ValueError("[model] decode_steps_max_live must be a count of live slots, 1 or more")
+    if type(live) is not int or not 0 <= live <= 1 << 16:  # 0 or above num_slots: every batch
+        raise ValueError("[model] decode_steps_max_live must be a count of live slots (0: any)")
 
 
 def check_prefix_cache(model: Any) -> None:

@@ -86,7 +86,7 @@ def test_batching_keys_reach_children_and_the_engine_options():
 @pytest.mark.parametrize("model", [{"prefill_batch_tokens": -1}, {"prefill_batch_tokens": 1.5},
                                    {"prefill_batch_tokens": "256"}, {"decode_steps": 0},
                                    {"decode_steps": 33}, {"decode_steps": True},
-                                   {"decode_steps_max_live": 0},
+                                   {"decode_steps_max_live": -1},
                                    {"decode_steps_max_live": 2.0}])  # fmt: skip
 def test_batching_keys_are_checked_at_load(model):
     with pytest.raises(ValueError, match="prefill_batch_tokens|decode_steps"):

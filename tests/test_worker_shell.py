@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 import zmq
@@ -38,14 +39,15 @@ DEADLINE_S = 10.0
 @pytest.fixture
 def cluster(tokenizer_512) -> Iterator[Callable]:
     """make(worker_cls, environ) -> (worker, peers): peers are bound receivers standing in for
-    the router, the detok workers and (for prefill) decode. Every socket goes with the context at
-    the end."""
+    the router, the detok workers and (for prefill) decode; keywords replace [model] keys. Every
+    socket goes with the context at the end."""
     config = make_config(tokenizer_512, "threads")
     ctx = zmq.Context()
 
-    def make(cls, environ=None):
-        peers = stand_in_peers(ctx, config, cls)
-        return cls(config, 0, ctx, threading.Event(), environ or {}), peers
+    def make(cls, environ=None, **model):
+        cfg = replace(config, model=replace(config.model, **model)) if model else config
+        peers = stand_in_peers(ctx, cfg, cls)
+        return cls(cfg, 0, ctx, threading.Event(), environ or {}), peers
 
     # one worker per test: the worker and its peers bind the cluster's addresses
 
@@ -163,21 +165,27 @@ def test_delayed_first_token_goes_out_when_the_shell_releases_it(cluster):
     assert first.request_ids == ["a"] and first.seqs == [0]
 
 
+def take_slot(worker: DecodeWorker, rid: str) -> None:
+    worker.slots.take(Slot(rid, 0, 0, StopCriteria(max_tokens=100), 1, 8))
+
+
 def test_chunks_run_only_up_to_the_live_bound(cluster):
-    """[model] decode_steps_max_live (2 by default): the decode worker runs decode_steps steps a
-    dispatch while at most that many slots are live, one step a dispatch above it."""
-    worker, _ = cluster(DecodeWorker)
-    model = worker.config.model
-    assert (model.decode_steps, model.decode_steps_max_live) == (4, 2)
-
-    def take(rid: str) -> None:
-        worker.slots.take(Slot(rid, 0, 0, StopCriteria(max_tokens=100), 1, 8))
-
-    take("a")
+    """[model] decode_steps_max_live: the decode worker runs decode_steps steps a dispatch while
+    at most that many slots are live, one step a dispatch above it."""
+    worker, _ = cluster(DecodeWorker, decode_steps_max_live=2)
+    take_slot(worker, "a")
     assert worker.chunk_steps() == 4
-    take("b")
+    take_slot(worker, "b")
     assert worker.chunk_steps() == 4
-    take("c")
+    take_slot(worker, "c")
     assert worker.chunk_steps() == 1  # three live: one step a dispatch
     worker.slots.release("b")
+    assert worker.chunk_steps() == 4
+
+
+def test_chunks_run_at_any_live_count_by_default(cluster):
+    worker, _ = cluster(DecodeWorker)
+    assert worker.config.model.decode_steps_max_live == 0
+    for i in range(worker.engine.num_slots):
+        take_slot(worker, f"r{i}")
     assert worker.chunk_steps() == 4

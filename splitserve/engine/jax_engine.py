@@ -140,9 +140,9 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         )
         self.prefill_batch_tokens = prefill_batch_tokens
         self.decode_steps = tuple(sorted({1, *decode_steps}))
-        # several steps a dispatch only while at most this many slots are live (all: None);
-        # the k-step programs exist for the batch buckets that hold that many
-        live = num_slots if decode_steps_max_live is None else decode_steps_max_live
+        # several steps a dispatch only while at most this many slots are live (None or 0:
+        # any); the k-step programs exist for the batch buckets that hold that many
+        live = decode_steps_max_live or num_slots
         self.decode_steps_max_live = max(1, min(live, num_slots))
         self.chunk_batch = pick(self.batch_buckets, self.decode_steps_max_live)
         if attention not in ("auto", "native", "xla"):
