@@ -13,6 +13,8 @@ A cluster file (all sections optional):
     max_seq_len = 2048
     prefill_batch_tokens = 256  # prompt tokens the prefill worker runs in one batched call
     decode_steps = 4            # decode steps per dispatch while nothing waits (1: one a call)
+    cpu_threads = 0             # the decode engine's XLA threads (0: one per CPU)
+    prefill_cpu_threads = "auto"  # the prefill engine's (0: one per CPU; auto: half the CPUs)
     decode_steps_max_live = 0   # ... and while at most this many slots are live (0: any)
 
     [cluster]
@@ -90,9 +92,16 @@ class ModelConfig:
     num_slots: int = 16
     max_seq_len: int = 2048
     compile_cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "jax")
-    # XLA intra-op threads of the decode engine's process (0: one per CPU). The prefill engine
-    # always uses every CPU: its work comes in bursts that should finish fast.
+    # XLA intra-op threads of the decode engine's process (0: one per CPU).
     cpu_threads: int = 0
+    # XLA intra-op threads of the prefill engine's process (0: one per CPU; "auto": half the
+    # CPUs, at least one). Under load prefill and decode share the cores; measured on 2 cores
+    # (docs/benchmarks.md, "How the two cores are shared"), one prefill thread served 1.06x
+    # the tokens/s at 16 streams and 1.07x at 64, with shorter times to first token, and 0.95x
+    # at one stream (its prompt prefills on one core: TTFT 0.47 against 0.34 s). A likely
+    # reason: XLA splits a product into one share per thread, so a share whose thread decode
+    # preempts holds up the whole product, where the decode kernels hand out small chunks.
+    prefill_cpu_threads: int | str = "auto"
     # The prefill worker runs the plain prompts waiting at the front of its queue in one call,
     # up to this many prompt tokens (0: one prompt a call); the engine compiles a (count,
     # length) program per bucket within it. Prefill on a CPU is compute-bound: batching pays

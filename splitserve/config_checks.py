@@ -132,6 +132,13 @@ def check_engine_batching(model: Any) -> None:
         raise ValueError("[model] prefill_batch_tokens must be a count of tokens, 0 to 1048576")
     if type(steps) is not int or not 1 <= steps <= MAX_DECODE_STEPS:
         raise ValueError(f"[model] decode_steps must be a count of steps, 1 to {MAX_DECODE_STEPS}")
+    for key in ("cpu_threads", "prefill_cpu_threads"):
+        threads = getattr(model, key)
+        if threads == "auto" and key == "prefill_cpu_threads":
+            continue
+        if type(threads) is not int or not 0 <= threads <= 4096:
+            auto = '"auto" or ' if key == "prefill_cpu_threads" else ""
+            raise ValueError(f"[model] {key} must be {auto}a count of threads (0: one per CPU)")
     live = model.decode_steps_max_live
     if type(live) is not int or not 0 <= live <= 1 << 16:  # 0 or above num_slots: every batch
         raise ValueError("[model] decode_steps_max_live must be a count of live slots (0: any)")

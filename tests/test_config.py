@@ -159,3 +159,27 @@ def test_a_receiver_binds_exactly_its_address():
 def test_connection_limits_are_checked(router, message):
     with pytest.raises(ValueError, match=message):
         config_from_dict({"router": router, "cluster": {"run_dir": "/tmp/x"}})
+
+
+def test_prefill_threads_auto_is_half_the_cpus_and_a_count_is_kept():
+    from splitserve.engine import prefill_threads
+
+    def model(**keys):
+        return config_from_dict({"model": keys, "cluster": {"run_dir": "/x"}}).model
+
+    auto = model()
+    assert auto.prefill_cpu_threads == "auto" and auto.cpu_threads == 0
+    assert [prefill_threads(auto, n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert prefill_threads(model(prefill_cpu_threads=0), 2) == 0  # 0: one per CPU
+    assert prefill_threads(model(prefill_cpu_threads=3), 2) == 3
+    round_trip = config_from_dict(config_to_dict(config_from_dict(
+        {"model": {"prefill_cpu_threads": 2}, "cluster": {"run_dir": "/x"}})))  # fmt: skip
+    assert round_trip.model.prefill_cpu_threads == 2
+
+
+@pytest.mark.parametrize("model", [{"prefill_cpu_threads": "half"}, {"prefill_cpu_threads": -1},
+                                   {"prefill_cpu_threads": 1.0}, {"cpu_threads": "auto"},
+                                   {"cpu_threads": True}])  # fmt: skip
+def test_thread_counts_are_checked_at_load(model):
+    with pytest.raises(ValueError, match="cpu_threads"):
+        config_from_dict({"model": model, "cluster": {"run_dir": "/x"}})

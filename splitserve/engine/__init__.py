@@ -11,8 +11,9 @@ from splitserve.engine.interface import Engine
 
 def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -> Engine:
     """The engine a worker drives. vocab_size (the tokenizer's) sizes the fake engine only;
-    role ("prefill" or "decode") picks the XLA thread count (model.cpu_threads is decode's)
-    and the side whose weights the JAX engine prepares (None: both, as benchmarks use it)."""
+    role ("prefill" or "decode") picks the XLA thread count (model.cpu_threads is decode's,
+    model.prefill_cpu_threads prefill's) and the side whose weights the JAX engine prepares
+    (None: both, as benchmarks use it)."""
     if model.engine == "fake":
         from splitserve.engine.fake import FakeEngine
 
@@ -27,7 +28,7 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -
     from splitserve.engine.jax_setup import backend_started, configure_jax_runtime
 
     if not backend_started():  # in threads mode the second engine finds JAX set up already
-        threads = model.cpu_threads if role != "prefill" else 0
+        threads = model.cpu_threads if role != "prefill" else prefill_threads(model)
         configure_jax_runtime(cpu_threads=threads or None)
     # the compiled programs are kept as executables there (engine/executables.py: a restart
     # loads them without tracing), instead of in JAX's own persistent cache
@@ -41,6 +42,16 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -
         sides=(role,) if role else ("prefill", "decode"),
         **batching_options(model, role),
     )  # fmt: skip
+
+
+def prefill_threads(model: ModelConfig, cpus: int | None = None) -> int:
+    """The prefill engine's XLA thread count ([model] prefill_cpu_threads; 0: one per CPU):
+    "auto" is half of `cpus` (default: the CPUs this process may run on), at least one."""
+    if model.prefill_cpu_threads != "auto":
+        return int(model.prefill_cpu_threads)
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cpus or 1) // 2)
 
 
 def batching_options(model: ModelConfig, role: str | None) -> dict:
