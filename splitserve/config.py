@@ -13,9 +13,9 @@ A cluster file (all sections optional):
     max_seq_len = 2048
     prefill_batch_tokens = 256  # prompt tokens the prefill worker runs in one batched call
     decode_steps = 4            # decode steps per dispatch while nothing waits (1: one a call)
+    decode_steps_max_live = 0   # ... and while at most this many slots are live (0: any)
     cpu_threads = 0             # the decode engine's XLA threads (0: one per CPU)
     prefill_cpu_threads = "auto"  # the prefill engine's (0: one per CPU; auto: half the CPUs)
-    decode_steps_max_live = 0   # ... and while at most this many slots are live (0: any)
 
     [cluster]
     mode = "processes"          # or "threads"
