@@ -66,6 +66,7 @@ from splitserve.config_checks import (
     check_addresses,
     check_connection_limits,
     check_engine_batching,
+    check_engine_threads,
     check_prefix_cache,
     check_private,
     check_transport_security,
@@ -394,6 +395,7 @@ def config_from_dict(
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     check_prefix_cache(model)
     check_engine_batching(model)
+    check_engine_threads(model)
     return ClusterConfig(
         model=model,
         router=router,

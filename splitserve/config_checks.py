@@ -132,16 +132,23 @@ def check_engine_batching(model: Any) -> None:
         raise ValueError("[model] prefill_batch_tokens must be a count of tokens, 0 to 1048576")
     if type(steps) is not int or not 1 <= steps <= MAX_DECODE_STEPS:
         raise ValueError(f"[model] decode_steps must be a count of steps, 1 to {MAX_DECODE_STEPS}")
-    for key in ("cpu_threads", "prefill_cpu_threads"):
-        threads = getattr(model, key)
-        if threads == "auto" and key == "prefill_cpu_threads":
-            continue
-        if type(threads) is not int or not 0 <= threads <= 4096:
-            auto = '"auto" or ' if key == "prefill_cpu_threads" else ""
-            raise ValueError(f"[model] {key} must be {auto}a count of threads (0: one per CPU)")
     live = model.decode_steps_max_live
     if type(live) is not int or not 0 <= live <= 1 << 16:  # 0 or above num_slots: every batch
         raise ValueError("[model] decode_steps_max_live must be a count of live slots (0: any)")
+
+
+def check_engine_threads(model: Any) -> None:
+    """The engines' XLA thread counts, at load: a bad one would only show as a worker that
+    fails to start (or silently runs on every CPU)."""
+
+    def is_count(threads: Any) -> bool:
+        return type(threads) is int and 0 <= threads <= 4096
+
+    if not is_count(model.cpu_threads):
+        raise ValueError("[model] cpu_threads must be a count of threads (0: one per CPU)")
+    if model.prefill_cpu_threads != "auto" and not is_count(model.prefill_cpu_threads):
+        raise ValueError('[model] prefill_cpu_threads must be "auto" or a count of threads '
+                         "(0: one per CPU)")  # fmt: skip
 
 
 def check_prefix_cache(model: Any) -> None:
