@@ -16,6 +16,7 @@ A cluster file (all sections optional):
     decode_steps_max_live = 0   # ... and while at most this many slots are live (0: any)
     cpu_threads = 0             # the decode engine's XLA threads (0: one per CPU)
     prefill_cpu_threads = "auto"  # the prefill engine's (0: one per CPU; auto: half the CPUs)
+    weight_format = "auto"      # decode's matrices: auto, float32, bfloat16, int8 or gguf
 
     [cluster]
     mode = "processes"          # or "threads"
@@ -70,6 +71,7 @@ from splitserve.config_checks import (
     check_prefix_cache,
     check_private,
     check_transport_security,
+    check_weight_format,
     parse_role_cpus,
     router_values,
     router_with_key,
@@ -95,6 +97,12 @@ class ModelConfig:
     compile_cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "jax")
     # XLA intra-op threads of the decode engine's process (0: one per CPU).
     cpu_threads: int = 0
+    # the form of the decode step's matrices (engine/quant.py): "auto" is a GGUF file's own
+    # Q8_0/Q4_0/Q4_1 blocks through the native kernel (exact), float32 for other checkpoints;
+    # "int8" (ggml's Q8_0 rounding) or "bfloat16" round a float32 checkpoint for the kernel,
+    # "float32" runs XLA's matmuls. Prefill stays float32 (its many rows favour XLA). Measured
+    # per batch size in docs/benchmarks.md ("Weight formats").
+    weight_format: str = "auto"
     # XLA intra-op threads of the prefill engine's process (0: one per CPU; "auto": half the
     # CPUs, at least one). Under load prefill and decode share the cores; measured on 2 cores
     # (docs/benchmarks.md, "How the two cores are shared"), one prefill thread served 1.06x
@@ -396,6 +404,7 @@ def config_from_dict(
     check_prefix_cache(model)
     check_engine_batching(model)
     check_engine_threads(model)
+    check_weight_format(model)
     return ClusterConfig(
         model=model,
         router=router,

@@ -151,6 +151,16 @@ def check_engine_threads(model: Any) -> None:
                          "(0: one per CPU)")  # fmt: skip
 
 
+# engine/quant.py's WEIGHT_FORMATS and "auto" (not imported: the engine's modules import jax)
+WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "gguf")
+
+
+def check_weight_format(model: Any) -> None:
+    """The decode side's weight form, at load: a bad one would only show as a failed worker."""
+    if model.weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"[model] weight_format must be one of {', '.join(WEIGHT_FORMATS)}")
+
+
 def check_prefix_cache(model: Any) -> None:
     """The prefix cache's keys, at load: a prefill worker would otherwise fail (or keep nothing)
     only once traffic comes."""

@@ -69,10 +69,10 @@ def test_batching_keys_reach_children_and_the_engine_options():
 
     raw = {"cluster": {"run_dir": "/tmp/x"},
            "model": {"prefill_batch_tokens": 128, "decode_steps": 8, "num_slots": 4,
-                     "decode_steps_max_live": 3}}  # fmt: skip
+                     "decode_steps_max_live": 3, "weight_format": "int8"}}  # fmt: skip
     model = config_from_dict(config_to_dict(config_from_dict(raw))).model
     assert (model.prefill_batch_tokens, model.decode_steps) == (128, 8)
-    decode = {"decode_steps": (8,), "decode_steps_max_live": 3}
+    decode = {"decode_steps": (8,), "decode_steps_max_live": 3, "weight_format": "int8"}
     assert batching_options(model, "decode") == decode
     # counts up to the slots (or to a call of 16-token prompts within the budget)
     prefill = {"prefill_counts": (1, 2, 4), "prefill_batch_tokens": 128}
@@ -91,6 +91,20 @@ def test_batching_keys_reach_children_and_the_engine_options():
 def test_batching_keys_are_checked_at_load(model):
     with pytest.raises(ValueError, match="prefill_batch_tokens|decode_steps"):
         config_from_dict({"model": model, "cluster": {"run_dir": "/x"}})
+
+
+def test_the_weight_formats_are_the_engines_own():
+    from splitserve.config_checks import WEIGHT_FORMATS
+    from splitserve.engine.quant import WEIGHT_FORMATS as ENGINE_FORMATS
+
+    assert WEIGHT_FORMATS == ("auto", *ENGINE_FORMATS)
+    assert config_from_dict({"cluster": {"run_dir": "/x"}}).model.weight_format == "auto"
+
+
+@pytest.mark.parametrize("fmt", ["int4", "", 8, "Float32"])
+def test_a_weight_format_is_checked_at_load(fmt):
+    with pytest.raises(ValueError, match="weight_format must be one of auto, float32"):
+        config_from_dict({"model": {"weight_format": fmt}, "cluster": {"run_dir": "/x"}})
 
 
 def test_well_formed_endpoints_are_accepted():

@@ -57,7 +57,8 @@ def prefill_threads(model: ModelConfig, cpus: int | None = None) -> int:
 def batching_options(model: ModelConfig, role: str | None) -> dict:
     """What each side's engine compiles beyond one prompt a call and one step a dispatch: the
     prefill side its (count, length) programs within the token budget, the decode side its
-    k-step programs (a worker compiles only its own side's: the other's would be for nothing)."""
+    k-step programs (a worker compiles only its own side's: the other's would be for nothing)
+    in its weight format."""
     options: dict = {}
     if role != "decode":
         budget = model.prefill_batch_tokens
@@ -69,6 +70,7 @@ def batching_options(model: ModelConfig, role: str | None) -> dict:
     if role != "prefill":
         options["decode_steps"] = (model.decode_steps,)
         options["decode_steps_max_live"] = model.decode_steps_max_live
+        options["weight_format"] = model.weight_format
     return options
 
 
