@@ -3,7 +3,6 @@ large and its pins clash with ours), made only when asked."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shlex
 import subprocess
@@ -70,7 +69,7 @@ def llama_server_build(
 
 
 def install_llama_server(root: str = DEFAULT_ROOT) -> int:
-    """Download LLAMA_SOURCE's source, build llama-server from it (about 40 minutes on 2 cores);
+    """Download LLAMA_SOURCE's source, build llama-server from it (25-40 minutes on 2 cores);
     the first failing step's exit status, else 0."""
     tools = venv_of("buildtools", root)
     if not os.path.exists(python_of("buildtools", root)):
@@ -82,7 +81,8 @@ def install_llama_server(root: str = DEFAULT_ROOT) -> int:
     for step in steps:
         if (rc := subprocess.run(step).returncode) != 0:
             return rc
-    archive = sorted(glob.glob(os.path.join(src, "llama_cpp_python-*.tar.gz")))[-1]
+    # the sdist of exactly LLAMA_SOURCE's version, whatever else the folder holds
+    archive = os.path.join(src, f"llama_cpp_python-{LLAMA_SOURCE.split('==')[1]}.tar.gz")
     with tarfile.open(archive) as tar:
         tar.extractall(src, filter="data")
     source = archive.removesuffix(".tar.gz")
