@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitserve.engine import qkernel
-from splitserve.engine.buckets import batch_buckets, prefill_shapes
+from splitserve.engine.buckets import (
+    batch_buckets,
+    length_buckets,
+    pick,
+    prefill_shapes,
+    prompt_lengths,
+)
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
 from splitserve.engine.slot_rows import SlotRows
@@ -51,7 +57,21 @@ def test_batch_buckets_are_powers_of_two_up_to_the_slots():
     assert batch_buckets(16) == (1, 2, 4, 8, 16)
     assert batch_buckets(12) == (1, 2, 4, 8, 12)
     assert batch_buckets(1) == (1,)
-    assert prefill_shapes((16, 64), (1, 2, 4), 128) == ((1, 16), (2, 16), (4, 16), (1, 64), (2, 64))
+    # one prompt at each lone length; a batch only at the coarse lengths within the budget
+    assert prefill_shapes((16, 32, 48, 64), (16, 64), (1, 2, 4), 128) == (
+        (1, 16), (2, 16), (4, 16), (1, 32), (1, 48), (1, 64), (2, 64))  # fmt: skip
+
+
+def test_a_lone_prompt_pads_at_most_a_quarter_over_its_length():
+    lone, coarse = prompt_lengths(16, 2048), length_buckets(16, 2048)
+    assert lone[:9] == (16, 32, 48, 64, 80, 96, 112, 128, 160)
+    assert lone[-1] == 2048 and list(lone) == sorted(set(lone))
+    for n in range(1, 2049):
+        padded = pick(lone, n)
+        assert padded <= pick(coarse, n)  # never more than the powers of two
+        assert padded < n + 16 if n <= 128 else padded <= n * 5 / 4, n
+    assert prompt_lengths(16, 96) == (16, 32, 48, 64, 80, 96)
+    assert prompt_lengths(16, 16) == (16,)
 
 
 def test_slot_rows_take_the_lowest_free_row_and_pack_on_demand():

@@ -76,6 +76,25 @@ def test_a_batched_prefix_decodes_like_a_single_one():
     assert decode(batched) == decode(single)
 
 
+def test_a_lone_prompt_pads_to_the_finer_lengths_with_the_same_prefix():
+    """Engine defaults: a 136-token prompt runs the 160-token pass, not the 256 its power of
+    two would take, and gets the prefix (first token, log-probability, KV) it gets there."""
+    fine = build_jax_engine("random:test-tiny:5", 1, 256, decode_buckets=(256,))
+    coarse = build_jax_engine("random:test-tiny:5", 1, 256, decode_buckets=(256,),
+                              prefill_buckets=(16, 32, 64, 128, 256))  # fmt: skip
+    prompt = _prompt(7, 136)
+    assert fine._prefill_shape([np.asarray(prompt)]) == (1, 160)
+    assert coarse._prefill_shape([np.asarray(prompt)]) == (1, 256)
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=3)):
+        a, b = fine.prefill(prompt, sampling), coarse.prefill(prompt, sampling)
+        assert ("prefill", 1, 160) in fine._programs
+        assert (a.length, a.first_token) == (b.length, b.first_token) == (136, b.first_token)
+        np.testing.assert_allclose(a.first_logprob, b.first_logprob, atol=1e-5)
+        for ka, kb in zip(a.kv, b.kv, strict=True):
+            assert ka.shape == kb.shape
+            np.testing.assert_allclose(ka, kb, atol=1e-5)
+
+
 def test_bad_prompt_in_a_batch_is_a_value_error(engine):
     with pytest.raises(ValueError):
         engine.prefill_batch([[1, 2], []], [SamplingParams()] * 2)

@@ -16,6 +16,24 @@ def length_buckets(smallest: int, largest: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def prompt_lengths(smallest: int, largest: int) -> tuple[int, ...]:
+    """The padded lengths of a lone prompt's prefill pass: every multiple of `smallest` up to
+    8 * smallest, then four steps an octave (n, 1.25n, 1.5n, 1.75n for each power of two n),
+    then `largest`.
+
+    Prefill costs what it pads to, about linearly. Powers of two pad a prompt just over one
+    (the default model, 136 tokens) to twice its length; these steps pad at most a quarter over
+    (136 to 160: 0.60x the pass at 256), and add about three programs an octave.
+    """
+    out = list(range(smallest, min(8 * smallest, largest), smallest))
+    n = 8 * smallest
+    while n < largest:
+        out += [m for m in (n, n * 5 // 4, n * 3 // 2, n * 7 // 4) if m < largest]
+        n *= 2
+    out.append(largest)
+    return tuple(sorted(set(out)))
+
+
 def capacity_buckets(smallest: int, largest: int) -> tuple[int, ...]:
     """Decode cache capacities: powers of two from `smallest` and, from 2 * smallest on,
     the midpoints 1.5x between them (64, 128, 192, 256, 384, ...), then `largest`.
@@ -41,13 +59,14 @@ def batch_buckets(num_slots: int) -> tuple[int, ...]:
 
 
 def prefill_shapes(
-    lengths: Sequence[int], counts: Sequence[int], token_budget: int
+    lone: Sequence[int], lengths: Sequence[int], counts: Sequence[int], token_budget: int
 ) -> tuple[tuple[int, int], ...]:
-    """(count, padded length) pairs of the batched prefill programs: every count bucket at
-    every length bucket whose padded tokens fit the budget; one prompt always fits."""
-    return tuple(
-        (c, t) for t in lengths for c in counts if c == 1 or c * t <= token_budget
-    )
+    """(count, padded length) pairs of the prefill programs: one prompt at every `lone`
+    length; several at every count bucket and length bucket whose padded tokens fit the
+    budget (a batch pads to the coarser `lengths`: a finer list for each count would multiply
+    the programs for calls that are rarer than lone ones)."""
+    batched = [(c, t) for t in lengths for c in counts if c > 1 and c * t <= token_budget]
+    return tuple(sorted({*((1, t) for t in lone), *batched}, key=lambda s: (s[1], s[0])))
 
 
 def pick(buckets: Sequence[int], n: int) -> int:

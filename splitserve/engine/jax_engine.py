@@ -59,6 +59,7 @@ from splitserve.engine.buckets import (
     length_buckets,
     pick,
     prefill_shapes,
+    prompt_lengths,
 )
 from splitserve.engine.control_rows import ControlRows
 from splitserve.engine.executables import ExecutableStore
@@ -124,6 +125,12 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self.prefill_buckets = check_buckets(
             "prefill", prefill_buckets or length_buckets(16, max_seq_len), max_seq_len
         )
+        # a lone prompt pads to finer lengths (buckets.py: a pass costs what it pads to);
+        # named buckets are used as they are. Batches, continuations and decode's insert
+        # widths keep the coarse buckets, whose programs multiply with their number.
+        self.prompt_lengths = (
+            self.prefill_buckets if prefill_buckets else prompt_lengths(16, max_seq_len)
+        )
         self.decode_buckets = check_buckets(
             "decode", decode_buckets or capacity_buckets(64, max_seq_len), max_seq_len
         )
@@ -136,7 +143,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self.control_counts = tuple(sorted({*length_buckets(1, num_slots), *self.batch_buckets}))
         self.prefill_counts = tuple(sorted({1, *prefill_counts}))
         self.prefill_shapes = prefill_shapes(
-            self.prefill_buckets, self.prefill_counts, prefill_batch_tokens
+            self.prompt_lengths, self.prefill_buckets, self.prefill_counts, prefill_batch_tokens
         )
         self.prefill_batch_tokens = prefill_batch_tokens
         self.decode_steps = tuple(sorted({1, *decode_steps}))

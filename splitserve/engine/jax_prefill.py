@@ -124,8 +124,9 @@ class PrefillPath:
         return ids
 
     def _prefill_shape(self, prompts: Sequence[np.ndarray]) -> tuple[int, int]:
-        length = pick(self.prefill_buckets, max(len(p) for p in prompts))
-        return pick(self.prefill_counts, len(prompts)), length
+        count = pick(self.prefill_counts, len(prompts))
+        lengths = self.prompt_lengths if count == 1 else self.prefill_buckets
+        return count, pick(lengths, max(len(p) for p in prompts))
 
     def _fits(self, prompts: Sequence[np.ndarray]) -> bool:
         if len(prompts) > self.prefill_counts[-1]:
