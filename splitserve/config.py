@@ -134,9 +134,11 @@ class ModelConfig:
     prefix_cache: bool = True
     prefix_cache_mb: float = 256  # MiB; a fraction for a small bound (tests of eviction)
     prefix_block_tokens: int = 16
-    # the JAX engine's prefill length buckets (empty: powers of two from 16, then max_seq_len);
-    # with the prefix cache on, each pair of them is a continuation program to compile, so a
-    # deployment with known prompt lengths may name fewer
+    # the JAX engine's prefill length buckets (empty: powers of two from 16, then max_seq_len,
+    # for batches, continuations and inserts, and finer lengths for a lone prompt's pass:
+    # buckets.prompt_lengths); named ones serve every use. With the prefix cache on, each pair
+    # of them is a continuation program to compile, so a deployment with known prompt lengths
+    # may name fewer
     prefill_buckets: tuple[int, ...] = ()
     # fake engine only: seconds each decode step and each prefill take (simulated compute)
     fake_step_s: float = 0.0
