@@ -5,7 +5,9 @@ A request's path through this process:
     are read-only views over the received frames, not copies.
  2. If the request was aborted or finished by a stop string (at that placement epoch or a later
     one) before its prefix arrived, the prefix is dropped (tombstones remember such ids for a
-    while). Otherwise it waits in a bounded pending queue.
+    while). If it names a detok worker this process has not yet heard of (the router's DetokPool
+    that adds it can arrive after prefill's prefix), it waits for that message. Otherwise it
+    waits in a bounded pending queue.
  3. Once a loop pass has handled its messages, pending prefixes take free slots of the slot table
     (lowest index first) and go into the engine (engine.insert).
  4. One engine.generate() step advances every live slot by one token; while no prefix waits, no
@@ -38,6 +40,7 @@ from splitserve.grammar import vocabulary
 from splitserve.protocol import (
     Abort,
     DecodeLoad,
+    DetokPool,
     Finish,
     PrefixHeader,
     Repin,
@@ -79,6 +82,11 @@ class DecodeWorker(WorkerLoop):
         # requests that ended here lately, kept for the state TTL: a Repin may still come for
         # one whose last tokens went to a detok worker that died (rid -> (when, slot state))
         self.finished: OrderedDict[str, tuple[float, Slot]] = OrderedDict()
+        # prefixes that name a detok index this worker's pool lacks (when, header, frames). The
+        # router sends DetokPool before it places a request on a new member, but that message
+        # comes over the router's connection and the prefix over prefill's, so the prefix can
+        # come first. Held until a DetokPool names the index; failed after the state TTL.
+        self.awaiting_pool: deque[tuple[float, PrefixHeader, list[Any]]] = deque()
         self.step_time = Histogram()
         self.step_gap = Histogram()  # start-to-start time of consecutive busy steps
         self.insert_time = Histogram()
@@ -118,13 +126,20 @@ class DecodeWorker(WorkerLoop):
         if self.gone.covers(rid, header.epoch):
             return
         held = self.slots.get(rid)
-        if held is not None or any(h.request_id == rid for h, _ in self.pending):
+        waiting = any(h.request_id == rid for h, _ in self.pending) or any(
+            h.request_id == rid for _, h, _ in self.awaiting_pool
+        )
+        if held is not None or waiting:
             if held is None or held.epoch >= header.epoch:
                 self.fail([rid], [header.epoch], "duplicate request id at decode")
                 return
             self.release(rid, held.epoch)  # the request moved on: its older slot is stale
         if self.detok(header.detok_index) is None:
-            self.fail([rid], [header.epoch], f"detok index {header.detok_index} not in the pool")
+            if len(self.pending) + len(self.awaiting_pool) >= self.max_pending:
+                self.fail([rid], [header.epoch], "decode worker overloaded: pending queue full")
+                return
+            log.info("%s waits for detok %d to join the pool", rid, header.detok_index)
+            self.awaiting_pool.append((time.monotonic(), header, frames))
             return
         problem = prefix_problem(header, frames, self.engine)
         if problem is not None:
@@ -164,6 +179,20 @@ class DecodeWorker(WorkerLoop):
             if h.request_id == rid and h.epoch <= epoch:
                 del self.pending[i]
                 return
+        for i, (_, h, _) in enumerate(self.awaiting_pool):
+            if h.request_id == rid and h.epoch <= epoch:
+                del self.awaiting_pool[i]
+                return
+
+    def on_detok_pool(self, msg: DetokPool, frames: list[Any]) -> None:
+        """The pool changed: prefixes that waited for one of its new members go on."""
+        super().on_detok_pool(msg, frames)
+        waiting, self.awaiting_pool = self.awaiting_pool, deque()
+        for when, header, kv_frames in waiting:
+            if self.detok(header.detok_index) is None:
+                self.awaiting_pool.append((when, header, kv_frames))
+            else:
+                self.on_prefix(header, kv_frames)
 
     def on_repin(self, msg: Repin, _frames: list[Any]) -> None:
         """Streams moved to other detok workers: resend what those have not seen, then follow."""
@@ -356,6 +385,10 @@ class DecodeWorker(WorkerLoop):
     def prune(self) -> None:
         self.gone.prune()
         horizon = time.monotonic() - self.config.lifecycle.state_ttl_s
+        while self.awaiting_pool and self.awaiting_pool[0][0] < horizon:
+            _, header, _ = self.awaiting_pool.popleft()
+            self.fail([header.request_id], [header.epoch],
+                      f"detok index {header.detok_index} not in the pool")  # fmt: skip
         for kept in (self.repins, self.finished):  # oldest first: stop at the first young one
             while kept:
                 rid, entry = next(iter(kept.items()))
@@ -368,7 +401,7 @@ class DecodeWorker(WorkerLoop):
             num_slots=self.slots.capacity,
             free_slots=self.slots.free_count,
             live=len(self.slots),
-            pending=len(self.pending),
+            pending=len(self.pending) + len(self.awaiting_pool),
             steps=self.steps,
             batches_sent=self.batches_sent,
             tokens_sent=self.tokens_sent,
@@ -384,7 +417,7 @@ class DecodeWorker(WorkerLoop):
         )
 
     def idle(self) -> bool:
-        return not self.slots and not self.pending
+        return not self.slots and not self.pending and not self.awaiting_pool
 
     def close(self) -> None:
         self.constrained.close()

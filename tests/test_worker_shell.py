@@ -189,3 +189,53 @@ def test_chunks_run_at_any_live_count_by_default(cluster):
     for i in range(worker.engine.num_slots):
         take_slot(worker, f"r{i}")
     assert worker.chunk_steps() == 4
+
+
+def prefix_for_detok(worker: DecodeWorker, rid: str, detok: int) -> tuple[PrefixHeader, list]:
+    prefix = worker.engine.prefill([5, 6, 7], SamplingParams())
+    header = PrefixHeader(
+        rid, 0, detok, prefix.length, 0, prefix.first_token, prefix.first_logprob,
+        SamplingParams(), StopCriteria(max_tokens=3), protocol.kv_meta(prefix.kv),
+    )  # fmt: skip
+    return header, prefix.kv
+
+
+def test_a_prefix_for_a_detok_worker_not_yet_announced_waits_for_the_pool(cluster):
+    """The router announces a new detok worker (DetokPool, over its own connection) before it
+    places a request there, but prefill's prefix comes over another connection and can arrive
+    first: the decode worker holds it until the pool names the index, then decodes to it."""
+    worker, peers = cluster(DecodeWorker)
+    header, kv = prefix_for_detok(worker, "a", 2)  # the pool has detok 0 and 1
+    worker.dispatch([(header, kv)])
+    worker.loop_once()
+    assert not worker.slots and len(worker.awaiting_pool) == 1 and not worker.idle()
+    assert not peers["router"].poll(0)  # not failed
+    newcomer = "inproc://detok-2-newcomer"
+    detok2 = Receiver(worker.ctx, newcomer, TransportCounters())
+    worker.dispatch([(protocol.DetokPool([*worker.config.addresses.detok, newcomer]), [])])
+    assert not worker.awaiting_pool
+    batch, _ = wait_for_message(detok2, TokenBatch, worker.loop_once)
+    assert batch.request_ids[0] == "a" and batch.seqs[0] == 1
+    assert not drain_for(peers["router"], RequestFailed)
+
+
+def test_a_prefix_for_a_detok_index_no_pool_names_fails_after_the_state_ttl(cluster):
+    worker, peers = cluster(DecodeWorker)
+    worker.config = replace(worker.config, lifecycle=replace(worker.config.lifecycle,
+                                                             state_ttl_s=0.0))  # fmt: skip
+    header, kv = prefix_for_detok(worker, "a", 5)
+    worker.dispatch([(header, kv)])
+    failed, _ = wait_for_message(peers["router"], RequestFailed, worker.loop_once)
+    assert failed.request_ids == ["a"] and "detok index 5 not in the pool" in failed.message
+    assert not worker.awaiting_pool and worker.idle()
+
+
+def test_an_abort_drops_a_prefix_that_waits_for_the_pool(cluster):
+    worker, _ = cluster(DecodeWorker)
+    header, kv = prefix_for_detok(worker, "a", 2)
+    worker.dispatch([(header, kv), (Abort(["a"], [0]), [])])
+    assert not worker.awaiting_pool and worker.idle()
+
+
+def drain_for(receiver: Receiver, kind: type) -> list:
+    return [m for m, _ in receiver.drain() if isinstance(m, kind)] if receiver.poll(0) else []
