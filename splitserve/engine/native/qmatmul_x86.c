@@ -67,6 +67,50 @@ TARGET_AVX512 INLINE void q4_1_avx512_cb(const Job* j, int64_t n, int64_t b0, co
   AVX512_STORE()
 }
 
+/* Two weight rows (n, n + 1) against batch rows b0 .. b0 + cb - 1, so that each x load feeds two
+   multiply-adds: with one weight row a pass, x (16 rows of K floats: more than L1 holds) was
+   read once per weight row and the loads, not the arithmetic, set the pace. Per (weight row,
+   batch row) the operations and their order are q4_1_avx512_cb's, so the sums are bit-identical
+   whichever path computes them. Measured on the default model's layer shapes at 16 batch rows
+   (one core, min of 9 passes over 40 matrices each): 0.80x the one-row time; 0.93x at 4 rows,
+   the same at 1 and 8. Six batch rows: 24 accumulators, 4 weight registers, 2 of x. */
+#define PAIR_CB 6
+
+TARGET_AVX512 INLINE void q4_1_avx512_pair(const Job* j, int64_t n, int64_t b0, const int cb,
+                                           const float* ds0, const float* ms0, const float* ds1,
+                                           const float* ms1) {
+  const int64_t K = j->K, nb = K / BLOCK;
+  const float* x = j->x;
+  const uint8_t* q0 = (const uint8_t*)j->w + n * (K / 2);
+  const uint8_t* q1 = q0 + K / 2;
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512 a0lo[PAIR_CB], a0hi[PAIR_CB], a1lo[PAIR_CB], a1hi[PAIR_CB];
+  for (int b = 0; b < cb; ++b) a0lo[b] = a0hi[b] = a1lo[b] = a1hi[b] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds0[blk]), _mm512_set1_ps(ms0[blk]));
+    const __m512 t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds1[blk]), _mm512_set1_ps(ms1[blk]));
+    const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q0 + blk * 16)));
+    const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q1 + blk * 16)));
+    const __m512 lo0 = _mm512_permutexvar_ps(v0, t0);
+    const __m512 hi0 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0);
+    const __m512 lo1 = _mm512_permutexvar_ps(v1, t1);
+    const __m512 hi1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), t1);
+    for (int b = 0; b < cb; ++b) {
+      const float* xb = x + (b0 + b) * K + blk * BLOCK;
+      const __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);
+      a0lo[b] = _mm512_fmadd_ps(lo0, xl, a0lo[b]);
+      a1lo[b] = _mm512_fmadd_ps(lo1, xl, a1lo[b]);
+      a0hi[b] = _mm512_fmadd_ps(hi0, xh, a0hi[b]);
+      a1hi[b] = _mm512_fmadd_ps(hi1, xh, a1hi[b]);
+    }
+  }
+  for (int b = 0; b < cb; ++b) {
+    float* yb = j->y + (b0 + b) * j->N + n;
+    yb[0] = _mm512_reduce_add_ps(_mm512_add_ps(a0lo[b], a0hi[b]));
+    yb[1] = _mm512_reduce_add_ps(_mm512_add_ps(a1lo[b], a1hi[b]));
+  }
+}
+
 TARGET_AVX512 INLINE void bf16_avx512_cb(const Job* j, int64_t n, int64_t b0, const int cb) {
   const int64_t K = j->K, nb = K / BLOCK;
   const float* x = j->x;
@@ -101,10 +145,23 @@ TARGET_AVX512 INLINE void bf16_avx512_cb(const Job* j, int64_t n, int64_t b0, co
     }                                                               \
   }
 
+#define DISPATCH_PAIR(call)                                         \
+  for (int64_t b0 = 0; b0 < j->B; b0 += PAIR_CB) {                  \
+    const int64_t left = j->B - b0;                                 \
+    switch (left < PAIR_CB ? left : PAIR_CB) {                      \
+      case 1: call(1); break;                                       \
+      case 2: call(2); break;                                       \
+      case 3: call(3); break;                                       \
+      case 4: call(4); break;                                       \
+      case 5: call(5); break;                                       \
+      default: call(6); break;                                      \
+    }                                                               \
+  }
+
 TARGET_AVX512 void rows_avx512(const Job* j, int64_t n0, int64_t n1) {
   const int64_t nb = j->K / BLOCK;
   const int64_t ahead = PREFETCH_BYTES / row_bytes(j) + 1;
-  float ds[MAX_BLOCKS], ms[MAX_BLOCKS];
+  float ds[MAX_BLOCKS], ms[MAX_BLOCKS], ds1[MAX_BLOCKS], ms1[MAX_BLOCKS];
   for (int64_t n = n0; n < n1; ++n) {
     if (n + ahead < n1) prefetch_row(j, n + ahead);
     if (j->fmt == FMT_Q8_0) {
@@ -115,6 +172,16 @@ TARGET_AVX512 void rows_avx512(const Job* j, int64_t n0, int64_t n1) {
     } else if (j->fmt == FMT_Q4_1) {
       scales_avx512(j->d + n * nb, nb, ds);
       scales_avx512(j->m + n * nb, nb, ms);
+      if (j->B > 1 && n + 1 < n1) { /* rows n and n + 1 together (one batch row: no x to share) */
+        if (n + 1 + ahead < n1) prefetch_row(j, n + 1 + ahead);
+        scales_avx512(j->d + (n + 1) * nb, nb, ds1);
+        scales_avx512(j->m + (n + 1) * nb, nb, ms1);
+#define CALL(cb) q4_1_avx512_pair(j, n, b0, cb, ds, ms, ds1, ms1)
+        DISPATCH_PAIR(CALL)
+#undef CALL
+        ++n;
+        continue;
+      }
 #define CALL(cb) q4_1_avx512_cb(j, n, b0, cb, ds, ms)
       DISPATCH_CB(CALL)
 #undef CALL
