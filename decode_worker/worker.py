@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from typing import Any
 
 from decode_worker.constrained import ConstrainedSlots
@@ -126,16 +127,13 @@ class DecodeWorker(WorkerLoop):
         if self.gone.covers(rid, header.epoch):
             return
         held = self.slots.get(rid)
-        waiting = any(h.request_id == rid for h, _ in self.pending) or any(
-            h.request_id == rid for _, h, _ in self.awaiting_pool
-        )
-        if held is not None or waiting:
+        if held is not None or any(h.request_id == rid for h in self.queued_headers()):
             if held is None or held.epoch >= header.epoch:
                 self.fail([rid], [header.epoch], "duplicate request id at decode")
                 return
             self.release(rid, held.epoch)  # the request moved on: its older slot is stale
         if self.detok(header.detok_index) is None:
-            if len(self.pending) + len(self.awaiting_pool) >= self.max_pending:
+            if self.queued() >= self.max_pending:
                 self.fail([rid], [header.epoch], "decode worker overloaded: pending queue full")
                 return
             log.info("%s waits for detok %d to join the pool", rid, header.detok_index)
@@ -150,11 +148,19 @@ class DecodeWorker(WorkerLoop):
         if refusal is not None:
             self.fail([rid], [header.epoch], refusal)
             return
-        if len(self.pending) >= self.max_pending:
+        if self.queued() >= self.max_pending:
             self.fail([rid], [header.epoch], "decode worker overloaded: pending queue full")
             return
         self.kv_bytes_received += sum(len(f) for f in frames)
         self.pending.append((header, frames))
+
+    def queued_headers(self) -> Iterator[PrefixHeader]:
+        """The prefixes that wait here: for a slot, or for their detok worker to be announced."""
+        yield from (h for h, _ in self.pending)
+        yield from (h for _, h, _ in self.awaiting_pool)
+
+    def queued(self) -> int:
+        return len(self.pending) + len(self.awaiting_pool)
 
     def on_release(self, msg: Abort | Finish, _frames: list[Any]) -> None:
         for rid, epoch in zip(msg.request_ids, msg.epochs, strict=False):
@@ -401,7 +407,7 @@ class DecodeWorker(WorkerLoop):
             num_slots=self.slots.capacity,
             free_slots=self.slots.free_count,
             live=len(self.slots),
-            pending=len(self.pending) + len(self.awaiting_pool),
+            pending=self.queued(),
             steps=self.steps,
             batches_sent=self.batches_sent,
             tokens_sent=self.tokens_sent,
@@ -417,7 +423,7 @@ class DecodeWorker(WorkerLoop):
         )
 
     def idle(self) -> bool:
-        return not self.slots and not self.pending and not self.awaiting_pool
+        return not self.slots and not self.queued()
 
     def close(self) -> None:
         self.constrained.close()

@@ -82,6 +82,21 @@ def test_kernel_computes_the_live_rows_only_and_the_same_bits(isa, fmt):
         np.testing.assert_array_equal(np.asarray(_matmul(x, m, jnp.int32(outside))), full)
 
 
+def test_q4_1_rows_taken_in_pairs_and_the_odd_one_out_give_the_same_bits(isa):
+    """An odd number of weight rows: the kernel takes rows two at a time beside several batch rows
+    and the last one alone; every output equals the product of its batch row alone."""
+    rng = np.random.default_rng(3)
+    n = 41
+    w = rng.standard_normal((n, K)).astype(np.float32)
+    raw = gguf.quants.quantize(w, Q.Q4_1)
+    m = quant.QMatrix.from_rows(quant.from_gguf_blocks("Q4_1", raw, (n, K)))
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    alone = np.stack([np.asarray(_matmul(x[r : r + 1], m))[0] for r in range(len(x))])
+    np.testing.assert_array_equal(np.asarray(_matmul(x, m)), alone)
+    want = x.astype(np.float64) @ quant.dequantize(quant.from_gguf_blocks("Q4_1", raw, (n, K)))
+    assert np.abs(alone - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_kernel_threads_give_the_same_bits():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((512, 2048)).astype(np.float32)  # big enough to be split

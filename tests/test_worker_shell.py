@@ -233,8 +233,12 @@ def test_a_prefix_for_a_detok_index_no_pool_names_fails_after_the_state_ttl(clus
 def test_an_abort_drops_a_prefix_that_waits_for_the_pool(cluster):
     worker, _ = cluster(DecodeWorker)
     header, kv = prefix_for_detok(worker, "a", 2)
-    worker.dispatch([(header, kv), (Abort(["a"], [0]), [])])
+    worker.dispatch([(header, kv)])
+    assert len(worker.awaiting_pool) == 1
+    worker.dispatch([(Abort(["a"], [0]), [])])
     assert not worker.awaiting_pool and worker.idle()
+    worker.loop_once()  # nothing left to insert or to fail
+    assert not worker.slots
 
 
 def drain_for(receiver: Receiver, kind: type) -> list:

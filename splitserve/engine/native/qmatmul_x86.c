@@ -84,7 +84,7 @@ TARGET_AVX512 INLINE void q4_1_avx512_pair(const Job* j, int64_t n, int64_t b0, 
   const uint8_t* q0 = (const uint8_t*)j->w + n * (K / 2);
   const uint8_t* q1 = q0 + K / 2;
   const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  __m512 a0lo[PAIR_CB], a0hi[PAIR_CB], a1lo[PAIR_CB], a1hi[PAIR_CB];
+  __m512 a0lo[MAX_CB], a0hi[MAX_CB], a1lo[MAX_CB], a1hi[MAX_CB]; /* cb <= PAIR_CB */
   for (int b = 0; b < cb; ++b) a0lo[b] = a0hi[b] = a1lo[b] = a1hi[b] = _mm512_setzero_ps();
   for (int64_t blk = 0; blk < nb; ++blk) {
     const __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds0[blk]), _mm512_set1_ps(ms0[blk]));
@@ -128,12 +128,12 @@ TARGET_AVX512 INLINE void bf16_avx512_cb(const Job* j, int64_t n, int64_t b0, co
   AVX512_STORE()
 }
 
-/* The batch loop: chunks of MAX_CB, each specialised on its size so the accumulators stay in
-   registers. */
-#define DISPATCH_CB(call)                                           \
-  for (int64_t b0 = 0; b0 < j->B; b0 += MAX_CB) {                   \
+/* The batch loop: chunks of `most` rows (MAX_CB, or PAIR_CB beside two weight rows), each
+   specialised on its size so the accumulators stay in registers. */
+#define DISPATCH_CB(call, most)                                     \
+  for (int64_t b0 = 0; b0 < j->B; b0 += (most)) {                   \
     const int64_t left = j->B - b0;                                 \
-    switch (left < MAX_CB ? left : MAX_CB) {                        \
+    switch (left < (most) ? left : (most)) {                        \
       case 1: call(1); break;                                       \
       case 2: call(2); break;                                       \
       case 3: call(3); break;                                       \
@@ -142,19 +142,6 @@ TARGET_AVX512 INLINE void bf16_avx512_cb(const Job* j, int64_t n, int64_t b0, co
       case 6: call(6); break;                                       \
       case 7: call(7); break;                                       \
       default: call(8); break;                                      \
-    }                                                               \
-  }
-
-#define DISPATCH_PAIR(call)                                         \
-  for (int64_t b0 = 0; b0 < j->B; b0 += PAIR_CB) {                  \
-    const int64_t left = j->B - b0;                                 \
-    switch (left < PAIR_CB ? left : PAIR_CB) {                      \
-      case 1: call(1); break;                                       \
-      case 2: call(2); break;                                       \
-      case 3: call(3); break;                                       \
-      case 4: call(4); break;                                       \
-      case 5: call(5); break;                                       \
-      default: call(6); break;                                      \
     }                                                               \
   }
 
@@ -167,7 +154,7 @@ TARGET_AVX512 void rows_avx512(const Job* j, int64_t n0, int64_t n1) {
     if (j->fmt == FMT_Q8_0) {
       scales_avx512(j->d + n * nb, nb, ds);
 #define CALL(cb) q8_0_avx512_cb(j, n, b0, cb, ds)
-      DISPATCH_CB(CALL)
+      DISPATCH_CB(CALL, MAX_CB)
 #undef CALL
     } else if (j->fmt == FMT_Q4_1) {
       scales_avx512(j->d + n * nb, nb, ds);
@@ -177,17 +164,17 @@ TARGET_AVX512 void rows_avx512(const Job* j, int64_t n0, int64_t n1) {
         scales_avx512(j->d + (n + 1) * nb, nb, ds1);
         scales_avx512(j->m + (n + 1) * nb, nb, ms1);
 #define CALL(cb) q4_1_avx512_pair(j, n, b0, cb, ds, ms, ds1, ms1)
-        DISPATCH_PAIR(CALL)
+        DISPATCH_CB(CALL, PAIR_CB)
 #undef CALL
         ++n;
         continue;
       }
 #define CALL(cb) q4_1_avx512_cb(j, n, b0, cb, ds, ms)
-      DISPATCH_CB(CALL)
+      DISPATCH_CB(CALL, MAX_CB)
 #undef CALL
     } else {
 #define CALL(cb) bf16_avx512_cb(j, n, b0, cb)
-      DISPATCH_CB(CALL)
+      DISPATCH_CB(CALL, MAX_CB)
 #undef CALL
     }
   }
