@@ -292,8 +292,8 @@ class DecodeWorker(WorkerLoop):
         if k == 1 or self.pending or self.constrained.single_steps:
             return 1
         contexts = [state.context_len for _, state in self.slots.live()]
-        if len(contexts) > self.chunk_live:
-            return 1
+        if len(contexts) > self.chunk_live or not self.engine.multi_step_ready(k):
+            return 1  # (not ready: its program still compiles after a cold warm-up)
         return k if max(contexts) + k <= self.engine.max_seq_len else 1
 
     def run_chunk(self, steps: int) -> dict[int, TokenBatch]:
@@ -420,6 +420,7 @@ class DecodeWorker(WorkerLoop):
             step_gap=self.step_gap.snapshot(),
             insert_time=self.insert_time.snapshot(),
             chunks=self.chunks,
+            compiling=self.engine.multistep_pending,
         )
 
     def idle(self) -> bool:

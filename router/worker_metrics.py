@@ -61,6 +61,9 @@ DECODE_GAUGES = (
     ("splitserve_decode_pending_prefixes", "Prefixes waiting for a slot", "pending"),
     ("splitserve_decode_kv_tokens", "Positions the live slots hold", "kv_tokens"),
     ("splitserve_decode_kv_capacity_tokens", "Positions every slot could hold", "kv_capacity"),
+    ("splitserve_decode_compiling_programs",
+     "Multi-step decode programs still compiling in the background (0: all ready)",
+     "compiling"),
 )
 # tokens / (steps x slots) over an interval is how full the decode batch ran
 DECODE_COUNTERS = (

@@ -73,6 +73,7 @@ def pool_problem(endpoints: list[str]) -> str | None:
 
 class WorkerLoop:
     role = "worker"
+    engine: Engine | None = None  # the prefill and decode roles' (setup: make_engine)
 
     def __init__(
         self,
@@ -257,6 +258,8 @@ class WorkerLoop:
 
     def shutdown(self) -> None:
         self.close()
+        if self.engine is not None:  # its compiles after warm-up end with the worker
+            self.engine.close()
         self.receiver.close()
         for sender in self._senders:
             sender.close()

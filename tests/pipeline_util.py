@@ -13,7 +13,8 @@ from router.core import RouterCore
 from splitserve.launch.pipeline import fake_engine_config as make_config
 from splitserve.launch.pipeline import pipeline, wait_for
 
-__all__ = ["expected_fake_tokens", "make_config", "pipeline", "run", "wait_for", "worker_loads"]
+__all__ = ["expected_fake_tokens", "make_config", "pipeline", "programs_compiled", "run",
+           "wait_for", "worker_loads"]
 
 
 def run(coro, timeout_s: float = 120.0):
@@ -37,3 +38,16 @@ def expected_fake_tokens(
 
 async def worker_loads(core: RouterCore, role: str) -> list[dict[str, Any]]:
     return [w.load for w in core.workers.workers.values() if w.role == role]
+
+
+async def programs_compiled(core: RouterCore, timeout_s: float = 600.0) -> None:
+    """Until every worker's load says nothing compiles after Ready any more (the decode
+    workers' multi-step programs, the prefill workers' prefix-cache continuations): a test of
+    what those programs do waits for them (until then their stand-ins run)."""
+
+    def done() -> bool:
+        loads = [w.load for w in core.workers.workers.values() if w.role in ("prefill", "decode")]
+        return all(ld is not None and getattr(ld, "compiling", 0) == 0
+                   and getattr(ld, "prefix_compiling", 0) == 0 for ld in loads)  # fmt: skip
+
+    await wait_for(done, timeout_s, "the programs compiled after Ready", interval_s=0.2)

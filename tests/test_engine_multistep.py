@@ -79,3 +79,42 @@ def test_k_step_programs_only_up_to_the_live_bound():
     eng.free(2)
     eng.insert(prefix, 2, SamplingParams())
     np.testing.assert_array_equal([eng.generate().tokens[2] for _ in range(K)], alone)
+
+
+def test_k_step_programs_compile_after_ready_and_single_steps_stand_in():
+    """A cold warm-up leaves the k-step programs for after Ready (deferred_keys): until one is
+    here, generate_many runs single steps (the same tokens, nothing compiled on the way), and
+    multi_step_ready says so (the worker counts them as steps); then the k-step program runs."""
+    eng = build_jax_engine(
+        "random:test-tiny:9", SLOTS, MAX_SEQ, prefill_buckets=(16, 64), decode_buckets=(32, 64),
+        decode_steps=(K,),
+    )
+    eng.warmup(background=False)  # the background thread started below, not at once
+    later = [k for k in eng.program_keys() if k[0] == "decode" and k[3] == K]
+    assert later and set(eng.deferred_keys()) == set(later)
+    assert not set(later) & set(eng._programs) and eng.multistep_pending == len(later)
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+    prefix = eng.prefill(_prompt(5, 20), sampling)
+
+    def run():
+        eng.insert(prefix, 1, sampling)
+        out = [eng.generate_many(K).tokens[:, 1] for _ in range(2)]  # 21 + 8: grows to 32
+        eng.free(1)
+        return np.concatenate(out)
+
+    eng.insert(prefix, 1, sampling)
+    single = [int(eng.generate().tokens[1]) for _ in range(2 * K)]
+    eng.free(1)
+    eng.insert(prefix, 1, sampling)
+    assert not eng.multi_step_ready(K)
+    eng.free(1)
+    programs = len(eng._programs)
+    np.testing.assert_array_equal(run(), single)
+    assert len(eng._programs) == programs, "a stand-in step compiled a program"
+
+    eng.compile_in_background().join()
+    assert eng.multistep_pending == 0 and set(later) <= set(eng._programs)
+    eng.insert(prefix, 1, sampling)
+    assert eng.multi_step_ready(K)
+    eng.free(1)
+    np.testing.assert_array_equal(run(), single)

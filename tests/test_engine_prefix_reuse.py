@@ -24,7 +24,7 @@ def engine():
     eng = build_jax_engine("random:test-tiny:3", 2, MAX_SEQ, prefill_buckets=BUCKETS,
                            decode_buckets=BUCKETS, prefix_reuse=True)  # fmt: skip
     eng.warmup(decode=False)
-    eng.continuations.join()  # compiled after warm-up, in the background
+    eng.background.join()  # compiled after warm-up, in the background
     # what the prefill worker's load reports (PrefillLoad.prefix_compiling): none left
     assert eng.continuations_pending == 0
     assert all(key in eng._programs for key in eng.continue_keys())

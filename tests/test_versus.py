@@ -67,9 +67,10 @@ def test_the_table_gives_medians_over_rounds_and_ratios_to_the_first_server():
 @pytest.mark.timeout(300)
 def test_a_round_runs_a_real_server_and_makes_its_log_dir(tokenizer_512, tmp_path):
     """One round against a real `splitserve serve` (fake engine): the runner makes a log folder
-    that does not exist yet, finds the server warm by the gauge its prefill worker exports
-    (splitserve_prefix_cache_compiling_programs, 0 here: the fake engine compiles nothing; a
-    gauge missing from /metrics would keep the runner waiting until ready_timeout), measures
+    that does not exist yet, finds the server warm by the gauges its prefill and decode
+    workers export (splitserve_prefix_cache_compiling_programs and
+    splitserve_decode_compiling_programs, 0 here: the fake engine compiles nothing; a gauge
+    missing from /metrics would keep the runner waiting until ready_timeout), measures
     every concurrency, and stops the server."""
     from types import SimpleNamespace
 

@@ -15,7 +15,14 @@ import pytest
 from prefill_worker.worker import PrefillWorker
 from router.requests import RequestParams
 from splitserve.tokenizers import load_tokenizer
-from tests.pipeline_util import expected_fake_tokens, make_config, pipeline, run, wait_for
+from tests.pipeline_util import (
+    expected_fake_tokens,
+    make_config,
+    pipeline,
+    programs_compiled,
+    run,
+    wait_for,
+)
 
 # two pipelines, each compiling its programs: minutes on a busy 2-core host
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -63,6 +70,7 @@ def _serve(config, prompts):
 
     async def body():
         async with pipeline(config, ready_s=480) as (core, stack):
+            await programs_compiled(core)  # the 4-step programs come after Ready (cold)
             handles = [await core.submit(p, _params(i)) for i, p in enumerate(prompts)]
             streams = await asyncio.gather(*(_stream(h) for h in handles))
             burst = [(ids, h.result.finish_reason.api) for ids, h in streams]

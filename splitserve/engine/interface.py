@@ -253,6 +253,19 @@ class Engine(abc.ABC):
             logprobs=np.stack([o.logprobs for o in outs]),
         )
 
+    def multi_step_ready(self, steps: int) -> bool:
+        """Whether generate_many(steps) would run as one dispatch now (the JAX engine runs
+        single steps while its k-step program still compiles after a cold warm-up)."""
+        return True
+
+    # k-step decode programs still compiling after warm-up (the JAX engine's background
+    # thread); the decode worker reports it in its load
+    multistep_pending: int = 0
+
+    def close(self) -> None:  # noqa: B027 (most engines have nothing to end)
+        """The worker is stopping: end any background work (the JAX engine's compiles after
+        warm-up). The engine is not used after."""
+
     @abc.abstractmethod
     def free(self, slot: int) -> None:
         """Release a slot; its contents never influence other slots."""

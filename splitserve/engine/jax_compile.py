@@ -3,8 +3,13 @@ warms up, and where each executable comes from.
 
 1. `program_keys` lists every shape a prefill or a decode worker runs (batch, capacity and
    length buckets; see jax_engine.py for what each program does).
-2. `warmup` obtains them all before the worker says Ready, on a few threads (XLA compiles
-   and loads without holding the GIL), reporting each one (which, n of N, from where).
+2. `warmup` obtains them before the worker says Ready, on a few threads (XLA compiles
+   and loads without holding the GIL), reporting each one (which, n of N, from where). The
+   `deferred_keys` (each has a stand-in: a prefix-cache continuation runs the whole prompt, a
+   k-step decode program k single steps) are loaded then only when the store has them; the
+   others compile after Ready on a background thread (`compile_in_background`), and until one
+   is there the stand-in runs: the same tokens, only slower. On a cold start the 4-step
+   decode programs were over half of the default model's decode warm-up.
 3. `_obtain` loads a key's executable from the engine's ExecutableStore when it has one
    (executables.py: no trace, no lowering), else lowers and compiles it from `_lowered`'s
    function and argument specs, and stores it for the next start.
@@ -14,8 +19,11 @@ warms up, and where each executable comes from.
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +37,22 @@ from splitserve.engine import programs as prog
 from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS
 from splitserve.engine.prefill_continue import prefill_continue_fn
 
+log = logging.getLogger(__name__)
+
+# This process's background compiles, each (stop event, thread): a daemon thread killed inside
+# an XLA compile at interpreter exit aborts the process (C++ terminate, exit status 134), so at
+# exit each is stopped after the program it is compiling (registered after JAX's own exit
+# handlers, it runs before them).
+_running: set[tuple[threading.Event, threading.Thread]] = set()
+
+
+@atexit.register
+def _stop_background_compiles() -> None:
+    for stop, _ in list(_running):
+        stop.set()
+    for _, thread in list(_running):
+        thread.join()
+
 # How an executable came to be, as the start-up log says it (splitserve/startup_log.py).
 FROM_STORE, COMPILED, NO_STORE = "cache", "compiled", "compiled, no cache"
 
@@ -38,6 +62,12 @@ class CompiledPrograms:
     (an ExecutableStore, or None) is set by the engine's constructor."""
 
     executables = None
+    # deferred programs the background thread has still to obtain, by kind ("prefill_cont",
+    # "decode"); a lookup never waits for one, their stand-ins run meanwhile
+    _deferred: frozenset = frozenset()
+    _later: list = []  # those warm-up left for compile_in_background, in its order
+    background: threading.Thread | None = None
+    _stop_background: threading.Event | None = None
 
     def program_identity(self) -> str:
         """Everything besides a program's key that shapes its executable: the model's
@@ -139,8 +169,7 @@ class CompiledPrograms:
             # a prompt with controls or a first-token mask (prompt logprobs, rare and one
             # program per length, compile on first use)
             keys += [("controls", 1, h) for h in (False, True)]
-            # the prefix cache's continuation programs compile after warm-up, in the background
-            # (jax_prefix.py): one per (cached, new) bucket pair, too many to hold Ready for
+            # (the prefix cache's continuation programs are deferred_keys: jax_prefix.py)
         if decode:  # decode samples every row of the batch when some row is not greedy
             keys += [("sample", b, False) for b in self.batch_buckets]
             keys += [("controls", n, h) for n in self.control_counts for h in (False, True)]
@@ -158,17 +187,40 @@ class CompiledPrograms:
                     keys += [("resize", prev, c), ("resize", c, prev)]
         return list(dict.fromkeys(keys))
 
+    def deferred_keys(self, prefill: bool = True, decode: bool = True) -> list[tuple]:
+        """The programs that may arrive after Ready because each has a stand-in meanwhile:
+        the prefix cache's continuations (one per (cached, new) bucket pair; a prompt runs
+        whole instead) and the k-step decode programs (k single steps instead)."""
+        keys = self.continue_keys() if prefill else []
+        if decode:
+            keys += [k for k in self.program_keys(False, True) if k[0] == "decode" and k[3] > 1]
+        return keys
+
+    def deferred_pending(self, kind: str) -> int:
+        """How many deferred programs of one kind ("prefill_cont", "decode") are not here yet
+        (the workers' load reports say it; benchmarks wait for 0)."""
+        return sum(1 for key in self._deferred if key[0] == kind)
+
+    def deferred(self, key: tuple) -> bool:
+        """Whether key is still compiling in the background (its stand-in runs meanwhile)."""
+        return key in self._deferred
+
     def warmup(
         self, prefill: bool = True, decode: bool = True, threads: int | None = None,
-        progress: Callable[..., None] | None = None,
+        progress: Callable[..., None] | None = None, background: bool = True,
     ):  # fmt: skip
-        """Obtain every program before the worker says Ready. A prefill worker needs only
-        the prefill side (prefill=True, decode=False), a decode worker only the decode side.
+        """Obtain every program but the deferred ones before the worker says Ready (those the
+        store has are loaded too; the rest compile in the background, from here, or when
+        compile_in_background() is called if background is False). A prefill worker needs
+        only the prefill side (prefill=True, decode=False), a decode worker only the decode
+        side.
 
         progress(key, done, total, seconds, source) is called as each program is ready, on
         the thread that obtained it; source is FROM_STORE, COMPILED or NO_STORE.
         """
-        todo = [k for k in self.program_keys(prefill, decode) if k not in self._programs]
+        later = [k for k in self.deferred_keys(prefill, decode) if k not in self._programs]
+        skip = set(later) | set(self._programs)
+        todo = [k for k in self.program_keys(prefill, decode) if k not in skip]
         threads = threads or min(4, os.cpu_count() or 1)
         done = itertools.count(1)  # next() is atomic: the compile threads share it
 
@@ -179,8 +231,61 @@ class CompiledPrograms:
                 progress(key, next(done), len(todo), time.perf_counter() - start, source)
             return program
 
+        store = self.executables
+        stored = store.load if store is not None else (lambda key: None)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="compile") as pool:
             for key, program in zip(todo, pool.map(obtain, todo), strict=True):
                 self._programs[key] = program
-        if prefill:
-            self.compile_continuations_in_background()
+            for key, program in zip(later, pool.map(stored, later), strict=True):
+                if program is not None:
+                    self._programs[key] = program
+        self._later = [k for k in later if k not in self._programs]
+        self._deferred = frozenset(self._later)
+        if background:
+            self.compile_in_background()
+
+    def compile_in_background(self) -> threading.Thread | None:
+        """Compile the deferred programs warm-up left one by one on a daemon thread; the
+        programs dict takes each as it is ready, and a lookup never waits for one."""
+        keys, self._later = self._later, []
+        if not keys:
+            return None
+        stop = self._stop_background = threading.Event()
+
+        def run() -> None:
+            # the lowest CPU priority (Linux: per thread): the compiles must not slow the
+            # requests this worker serves, nor another worker's warm-up on a shared machine
+            # (XLA's own pool threads, which also compile, keep the normal one)
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except (AttributeError, OSError):
+                pass
+            for key in keys:
+                if stop.is_set():  # close(): the rest stay deferred, their stand-ins run
+                    return
+                try:
+                    self._programs[key] = self._obtain(key)[0]
+                except Exception:  # a program that will not compile: its stand-in stays
+                    log.exception("compiling %s after warm-up failed", key)
+                self._deferred = self._deferred - {key}  # this thread alone writes it
+            log.info("%d programs compiled after warm-up", len(keys))
+
+        def tracked() -> None:
+            try:
+                run()
+            finally:
+                _running.discard((stop, thread))
+
+        thread = threading.Thread(target=tracked, name="compile-deferred", daemon=True)
+        self.background = thread
+        _running.add((stop, thread))
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        """Stop the background compiles after the program in hand (a stopping worker must
+        not spend minutes of CPU on programs nobody will run, nor exit inside a compile)."""
+        if self._stop_background is not None:
+            self._stop_background.set()
+        if self.background is not None:
+            self.background.join()

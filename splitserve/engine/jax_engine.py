@@ -36,7 +36,9 @@ measured) and float32 for any other checkpoint (int8 and bfloat16 round its weig
 prefill defaults to float32.
 Every program is compiled ahead of time (`warmup`, jax_compile.py) and kept as an executable,
 so no step ever pays a compile after the worker says Ready; with an `executable_dir` they are
-stored there too, and a restart loads them instead of compiling (executables.py).
+stored there too, and a restart loads them instead of compiling (executables.py). Only the
+programs that have a stand-in may come after Ready on a cold start (the k-step decode programs:
+k single steps meanwhile).
 The prefill path is jax_prefill.py, prefill from a cached prefix jax_prefix.py, the controlled
 rows of a decode step jax_controlled.py.
 """
@@ -284,7 +286,31 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         if steps > 1 and int(self._live.sum()) > self.decode_steps_max_live:
             raise ValueError(f"{steps} steps per call compiled for at most "
                              f"{self.decode_steps_max_live} live slots")  # fmt: skip
+        if not self.multi_step_ready(steps):  # its program still compiling: the same tokens
+            outs = [self._run(1) for _ in range(steps)]
+            return StepOutput(tokens=np.concatenate([o.tokens for o in outs]),
+                              logprobs=np.concatenate([o.logprobs for o in outs]))  # fmt: skip
         return self._run(steps)
+
+    @property
+    def multistep_pending(self) -> int:
+        return self.deferred_pending("decode")
+
+    def multi_step_ready(self, steps: int) -> bool:
+        """Whether the next dispatch of `steps` steps finds its program (False while it is
+        still compiling after a cold start's warm-up: generate_many then runs single steps)."""
+        live = self._live
+        n_live = int(live.sum())
+        if steps == 1 or n_live == 0 or not self._deferred:
+            return True
+        batch = pick(self.batch_buckets, n_live)
+        pos = self._ints[prog.POS]
+        need = min(int(pos[live].max()) + steps, self.max_seq_len)
+        grown = pick(self.decode_buckets, need)
+        # the capacity _run will use: grown at once, or the present one (or, when it shrinks
+        # at this step, the grown one: both must be here)
+        capacities = {grown, max(grown, self._capacity)}
+        return not any(self.deferred(("decode", batch, c, steps)) for c in capacities)
 
     def _run(self, steps: int, masks: StepMasks | None = None) -> StepOutput:
         """Run `steps` steps over the live rows; tokens/logprobs [steps, slots] by slot."""

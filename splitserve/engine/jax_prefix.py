@@ -8,17 +8,14 @@ over the prefill buckets, and its Prefix is built exactly as prefill's (the whol
 cut to its true length, plus the first token sampled by the same "sample" program).
 
 There is one program per bucket pair (63 for the default 2,048-token context): compiling them
-before Ready made a cold start minutes longer. They compile after warm-up on a background
-thread (XLA compiles without the GIL; the engine's executable store makes later starts
-quick), and until a prompt's program is ready it is prefilled whole (cached_tokens 0): the
-same result, only slower.
+before Ready made a cold start minutes longer. They are deferred programs (jax_compile.py):
+compiled after warm-up on a background thread unless the executable store has them, and until
+a prompt's program is ready it is prefilled whole (cached_tokens 0): the same result, only
+slower.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,53 +24,24 @@ from splitserve.engine.buckets import pick
 from splitserve.engine.interface import Prefix, SamplingParams
 from splitserve.engine.prefill_continue import continue_shapes
 
-log = logging.getLogger(__name__)
-
 
 class PrefixReuse:
-    """Mixed into JaxEngine; uses its cfg, params, buckets, _program, _obtain and
-    _sampling_rows."""
+    """Mixed into JaxEngine; uses its cfg, params, buckets, _program, _sampling_rows and
+    deferred_pending."""
 
     supports_prefix_reuse = True
     prefix_reuse = False  # whether warm-up compiles the continuation programs (the cache is on)
-    continuations_pending = 0  # continuation programs the background thread has still to obtain
+
+    @property
+    def continuations_pending(self) -> int:
+        """Continuation programs the background thread has still to obtain."""
+        return self.deferred_pending("prefill_cont")
 
     def continue_keys(self) -> list[tuple]:
         if not self.prefix_reuse:
             return []
         return [("prefill_cont", c, t)
                 for c, t in continue_shapes(self.prefill_buckets, self.max_seq_len)]  # fmt: skip
-
-    def compile_continuations_in_background(self) -> threading.Thread | None:
-        """Compile the continuation programs one by one on a daemon thread (the engine's
-        programs dict takes each as it is ready; a lookup never waits for one)."""
-        todo = [k for k in self.continue_keys() if k not in self._programs]
-        if not todo:
-            return None
-        # a load report says how many are left: until 0, a prompt that hits the cache may run
-        # whole, and after a build change (an empty executable store) the compiles take CPU
-        # from the requests (benchmarks wait for 0: splitserve/bench/versus/servers.py)
-        self.continuations_pending = len(todo)
-
-        def run() -> None:
-            # the lowest CPU priority (Linux: per thread): the compiles must not slow the
-            # requests this worker serves, nor another worker's warm-up on a shared machine
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            except (AttributeError, OSError):
-                pass
-            for key in todo:
-                try:
-                    self._programs[key] = self._obtain(key)[0]
-                except Exception:  # a program that will not compile: its prompts go whole
-                    log.exception("prefix cache: compiling %s failed", key)
-                self.continuations_pending -= 1  # this thread alone writes it
-            log.info("prefix cache: %d continuation programs ready", len(todo))
-
-        thread = threading.Thread(target=run, name="compile-continuations", daemon=True)
-        thread.start()
-        self.continuations = thread
-        return thread
 
     def prefill_cached(
         self,

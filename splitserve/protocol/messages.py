@@ -13,12 +13,13 @@ from splitserve.engine.interface import (
     SamplingParams,
 )
 
+# 10: DecodeLoad.compiling (the k-step programs compiled after Ready);
 # 9: PrefillLoad.batched_calls, DecodeLoad.chunks (the workers' batching);
 # 8: PrefillLoad.prefix_compiling (the background compiles left);
 # 7: send sequence numbers to prefill workers (GenerateRequest.seq, Fence, PrefillLoad.last_seq);
 # 6: prefix cache (cached_tokens, PrefillLoad's prefix_*); 5: logits controls, grammars, top and
 # prompt logprobs; 4: incarnations
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 
 class TokenFinish(enum.IntEnum):
@@ -359,6 +360,9 @@ class DecodeLoad:
     step_gap: HistogramSnapshot  # start-to-start time of consecutive busy steps
     insert_time: HistogramSnapshot  # a prefix into its slot (engine.insert)
     chunks: int = 0  # dispatches of several steps ([model] decode_steps), since start
+    # k-step decode programs still compiling in the background after Ready (0: all ready;
+    # until then those dispatches run single steps)
+    compiling: int = 0
 
 
 @dataclass

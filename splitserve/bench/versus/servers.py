@@ -23,8 +23,9 @@ READY_PATH = {"splitserve": "/health", "vllm": "/health", "llama-cpp": "/v1/mode
 # llama-server's slots, as many as splitserve's default engine has; each gets a 2,048-token
 # context as the other servers' requests do
 LLAMA_SERVER_SLOTS = 16
-# splitserve's gauge of the prefix-cache programs its prefill workers still compile after Ready
-COMPILING = "splitserve_prefix_cache_compiling_programs"
+# splitserve's gauges of the programs its workers still compile after Ready: the prefill
+# workers' prefix-cache continuations, the decode workers' multi-step programs
+COMPILING = ("splitserve_prefix_cache_compiling_programs", "splitserve_decode_compiling_programs")
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,17 @@ class Server:
 
     def warm(self) -> bool:
         """Whether nothing compiles beside the load: splitserve's prefill workers compile their
-        prefix-cache programs in the background after Ready, which on a first start after a
-        build change takes minutes of CPU the measured requests would lose."""
+        prefix-cache programs, its decode workers their multi-step programs, in the background
+        after Ready, which on a first start after a build change takes minutes of CPU the
+        measured requests would lose (and until then decode runs one step a dispatch)."""
         if self.spec.kind != "splitserve":
             return True
-        rows = (scrape(self.url) or {}).get(COMPILING)
-        # absent: no prefill worker has reported yet (or the gauge was renamed: then the runner
-        # waits until its timeout, which tests/test_versus.py's round against a real server sees)
-        return bool(rows) and sum(value for _, value in rows) == 0
+        metrics = scrape(self.url) or {}
+        # absent: no worker of that role has reported yet (or the gauge was renamed: then the
+        # runner waits until its timeout, which tests/test_versus.py's round against a real
+        # server sees)
+        counts = [metrics.get(name) for name in COMPILING]
+        return all(counts) and sum(value for rows in counts for _, value in rows) == 0
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to the server (splitserve serve stops its workers itself), then SIGKILL to
