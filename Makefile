@@ -28,7 +28,8 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 3 --dist loadfile
+	# the modules in the order tests/conftest.py gives them, not by their test counts
+	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # the shipped supervisord configs, generated from the shipped cluster files (a test checks them)
 deploy-configs: $(STAMP)

@@ -1,6 +1,9 @@
 """Shared fixtures: small tokenizers made by the tests themselves (nothing from a model hub);
 and the run order: modules with slow tests first, so that with `-n` (pytest-xdist, as `make
-test` runs) the longest ones start at once instead of last, beside the many short ones."""
+test` runs, with --dist loadfile --no-loadscope-reorder) the longest ones start at once instead
+of last, beside the many short ones; and the modules that compile the default model all on one
+worker, one after another, so that its cold compiles (minutes each in CI, whose store starts
+empty) never run two at a time beside the rest of the suite."""
 
 from __future__ import annotations
 
@@ -35,8 +38,32 @@ def model(client):
 
 # The longest modules of a run on the 2-core machine (pytest --durations), longest first: with
 # -n they start at once, in parallel, instead of after the short ones.
-LONGEST = ("test_supervisord_shipped", "test_langchain_agent_smollm2", "test_supervisord",
-           "test_migration_jax", "test_two_hosts", "test_api_controls_jax")
+LONGEST = ("test_supervisord_shipped", "test_langchain_agent_smollm2", "test_engine_smollm2",
+           "test_supervisord", "test_migration_jax", "test_two_hosts", "test_api_controls_jax")
+
+
+# The modules that compile the default model (SmolLM2-135M) in a stack or an engine.
+DEFAULT_MODEL = ("test_supervisord_shipped", "test_langchain_agent_smollm2", "test_engine_smollm2")
+
+
+def _module_name(nodeid: str) -> str:
+    return nodeid.split("::")[0].rpartition("/")[2].removesuffix(".py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, but the DEFAULT_MODEL modules are one unit of work (one worker runs
+    them in turn). Other --dist modes are xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class DefaultModelTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if _module_name(nodeid) in DEFAULT_MODEL:
+                return "the default model's modules"
+            return super()._split_scope(nodeid)
+
+    return DefaultModelTogether(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,23 +16,23 @@ from splitserve.engine.jax_engine import build_jax_engine
 
 pytestmark = pytest.mark.timeout(600)
 
-# an engine with a dozen 4-step programs to compile after warm-up (the script's too)
-ARGS = ("random:test-tiny:9", 4, 256)
-OPTIONS = {"prefill_buckets": (16, 64, 256), "decode_steps": (4,)}
+# an engine with four 4-step programs to compile after warm-up (the script's too)
+ARGS = ("random:test-tiny:9", 2, 128)
+OPTIONS = {"prefill_buckets": (16, 128), "decode_buckets": (64, 128), "decode_steps": (4,)}
 
 
 def test_close_stops_the_compiles_and_the_stand_ins_go_on():
     eng = build_jax_engine(*ARGS, **OPTIONS)
     eng.warmup(background=False)
     total = eng.multistep_pending
-    assert total > 2
+    assert total > 1
     thread = eng.compile_in_background()
     eng.close()
     assert not thread.is_alive()
     assert eng.multistep_pending >= total - 1  # at most the program in hand was finished
     prefix = eng.prefill([5, 6, 7], SamplingParams())
     eng.insert(prefix, 0, SamplingParams())
-    assert eng.generate_many(4).tokens.shape == (4, 4)  # a stand-in or the program: either runs
+    assert eng.generate_many(4).tokens.shape == (4, 2)  # a stand-in or the program: either runs
 
 
 def test_a_process_exiting_inside_a_background_compile_exits_cleanly():

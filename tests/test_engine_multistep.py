@@ -86,9 +86,9 @@ def test_k_step_programs_compile_after_ready_and_single_steps_stand_in():
     here, generate_many runs single steps (the same tokens, nothing compiled on the way), and
     multi_step_ready says so (the worker counts them as steps); then the k-step program runs."""
     eng = build_jax_engine(
-        "random:test-tiny:9", SLOTS, MAX_SEQ, prefill_buckets=(16, 64), decode_buckets=(32, 64),
+        "random:test-tiny:9", 2, MAX_SEQ, prefill_buckets=(16, 64), decode_buckets=(32, 64),
         decode_steps=(K,),
-    )
+    )  # two slots: few programs to compile
     eng.warmup(background=False)  # the background thread started below, not at once
     later = [k for k in eng.program_keys() if k[0] == "decode" and k[3] == K]
     assert later and set(eng.deferred_keys()) == set(later)

@@ -10,7 +10,7 @@ import pytest
 from router.requests import RequestParams
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
-from tests.pipeline_util import make_config, pipeline, run, wait_for
+from tests.pipeline_util import make_config, pipeline, programs_compiled, run
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +29,6 @@ def direct(engine, prompt):
         tokens.append(int(engine.generate().tokens[0]))
     engine.free(0)
     return tokens
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return ""
 
 
 def test_reused_prefixes_serve_the_tokens_of_a_scratch_run(tokenizer_512):
@@ -59,9 +51,7 @@ def test_reused_prefixes_serve_the_tokens_of_a_scratch_run(tokenizer_512):
         async with pipeline(config, ready_s=300) as (core, _):
             # the continuation programs compile after Ready, in the background: until then a
             # prompt is prefilled whole (the same tokens, nothing reused)
-            log = f"{config.run_dir}/logs/prefill-0.log"
-            await wait_for(lambda: "continuation programs ready" in _read(log), 300,
-                           "the prefill worker's continuation programs")  # fmt: skip
+            await programs_compiled(core, 300)  # the prefill worker's load says so
             params = RequestParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
             for rounds in range(2):
                 for i, (p, want) in enumerate(zip(prompts, expected, strict=True)):
