@@ -113,6 +113,29 @@ def test_prune_keeps_the_most_recently_used(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3.xla", "4.xla", "other"]
 
 
+def test_prune_skips_an_entry_another_workers_prune_removed(tmp_path, monkeypatch):
+    """Workers start together and each prunes the store: an entry listed here may be gone by
+    the time it is looked at (a decode worker died of that FileNotFoundError at start)."""
+    for i in range(3):
+        path = tmp_path / f"{i}.xla"
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (1000 + i, 1000 + i))
+    listed = os.scandir
+
+    class RemovedAfterListing:  # the listing, then another worker removes 0.xla
+        def __enter__(self):
+            entries = list(listed(tmp_path))
+            os.remove(tmp_path / "0.xla")
+            return iter(entries)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(executables.os, "scandir", lambda directory: RemovedAfterListing())
+    executables.prune(str(tmp_path), keep_bytes=1500)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2.xla"]
+
+
 def test_build_identity_names_the_engine_code(monkeypatch, tmp_path):
     """An edited engine source file is another identity: its old executables are never run."""
     before = executables.build_identity()

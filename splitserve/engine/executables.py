@@ -140,9 +140,12 @@ def prune(directory: str, keep_bytes: int = KEEP_BYTES) -> None:
     entries = []
     with os.scandir(directory) as it:
         for entry in it:
-            if entry.name.endswith(".xla") and entry.is_file():
-                st = entry.stat()
-                entries.append((st.st_mtime, st.st_size, entry.path))
+            try:
+                if entry.name.endswith(".xla") and entry.is_file():
+                    st = entry.stat()
+                    entries.append((st.st_mtime, st.st_size, entry.path))
+            except FileNotFoundError:  # another worker's prune removed it since the listing
+                continue
     total = sum(size for _, size, _ in entries)
     for _, size, path in sorted(entries):
         if total <= keep_bytes:
