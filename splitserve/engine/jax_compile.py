@@ -65,7 +65,8 @@ class CompiledPrograms:
     # deferred programs the background thread has still to obtain, by kind ("prefill_cont",
     # "decode"); a lookup never waits for one, their stand-ins run meanwhile
     _deferred: frozenset = frozenset()
-    _later: list = []  # those warm-up left for compile_in_background, in its order
+    _handed: frozenset = frozenset()  # every key given to the background (a failed one too)
+    _later: tuple = ()  # those warm-up left for compile_in_background, in its order
     background: threading.Thread | None = None
     _stop_background: threading.Event | None = None
 
@@ -202,8 +203,9 @@ class CompiledPrograms:
         return sum(1 for key in self._deferred if key[0] == kind)
 
     def deferred(self, key: tuple) -> bool:
-        """Whether key is still compiling in the background (its stand-in runs meanwhile)."""
-        return key in self._deferred
+        """Whether key was left to the background and is not here (still compiling, or it
+        failed to): its stand-in runs, and no request's path ever compiles it."""
+        return key in self._handed and key not in self._programs
 
     def warmup(
         self, prefill: bool = True, decode: bool = True, threads: int | None = None,
@@ -239,15 +241,15 @@ class CompiledPrograms:
             for key, program in zip(later, pool.map(stored, later), strict=True):
                 if program is not None:
                     self._programs[key] = program
-        self._later = [k for k in later if k not in self._programs]
-        self._deferred = frozenset(self._later)
+        self._later = tuple(k for k in later if k not in self._programs)
+        self._deferred = self._handed = frozenset(self._later)
         if background:
             self.compile_in_background()
 
     def compile_in_background(self) -> threading.Thread | None:
         """Compile the deferred programs warm-up left one by one on a daemon thread; the
         programs dict takes each as it is ready, and a lookup never waits for one."""
-        keys, self._later = self._later, []
+        keys, self._later = self._later, ()
         if not keys:
             return None
         stop = self._stop_background = threading.Event()
@@ -267,7 +269,7 @@ class CompiledPrograms:
                     self._programs[key] = self._obtain(key)[0]
                 except Exception:  # a program that will not compile: its stand-in stays
                     log.exception("compiling %s after warm-up failed", key)
-                self._deferred = self._deferred - {key}  # this thread alone writes it
+                self._deferred = self._deferred - {key}  # attempts left; only this thread writes
             log.info("%d programs compiled after warm-up", len(keys))
 
         def tracked() -> None:

@@ -301,16 +301,19 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         still compiling after a cold start's warm-up: generate_many then runs single steps)."""
         live = self._live
         n_live = int(live.sum())
-        if steps == 1 or n_live == 0 or not self._deferred:
+        if steps == 1 or n_live == 0 or not self._handed:
             return True
-        batch = pick(self.batch_buckets, n_live)
-        pos = self._ints[prog.POS]
-        need = min(int(pos[live].max()) + steps, self.max_seq_len)
-        grown = pick(self.decode_buckets, need)
-        # the capacity _run will use: grown at once, or the present one (or, when it shrinks
-        # at this step, the grown one: both must be here)
-        capacities = {grown, max(grown, self._capacity)}
+        batch, target = self._dispatch_shape(n_live, steps)
+        # the capacity _run will use: the target (grown at once, or shrunk at this step) or
+        # the present one
+        capacities = {target, max(target, self._capacity)}
         return not any(self.deferred(("decode", batch, c, steps)) for c in capacities)
+
+    def _dispatch_shape(self, n_live: int, steps: int) -> tuple[int, int]:
+        """(batch bucket, capacity bucket the live sequences need) for a dispatch of `steps`."""
+        pos = self._ints[prog.POS]
+        need = min(int(pos[self._live].max()) + steps, self.max_seq_len)
+        return pick(self.batch_buckets, n_live), pick(self.decode_buckets, need)
 
     def _run(self, steps: int, masks: StepMasks | None = None) -> StepOutput:
         """Run `steps` steps over the live rows; tokens/logprobs [steps, slots] by slot."""
@@ -320,7 +323,6 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         n_live = int(live.sum())
         if n_live == 0:
             return StepOutput(tokens=tokens, logprobs=logprobs)
-        batch = pick(self.batch_buckets, n_live)
         # live rows packed into [0, n_live), not just below the bucket: the kernel's products
         # then compute those rows only (programs.LIVE)
         self._compact(n_live)
@@ -328,8 +330,8 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         # A slot at max_seq_len has no room left: callers stop it before; clamping keeps
         # its writes inside its own row if one does not.
         np.minimum(pos, self.max_seq_len - 1, out=pos)
-        need = min(int(pos[live].max()) + steps, self.max_seq_len)
-        self._follow_need(pick(self.decode_buckets, need))
+        batch, target = self._dispatch_shape(n_live, steps)
+        self._follow_need(target)
         # Padding rows [n_live, batch) write junk at position 0 of their own row, inside
         # capacity.
         pos[~live] = 0
