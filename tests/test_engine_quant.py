@@ -45,7 +45,7 @@ def _rows(fmt: str, rng) -> quant.QuantRows:
 _matmul = jax.jit(quant.matmul)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "bf16"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "bf16", "f32"])
 def test_kernel_equals_the_reference_product_and_is_batch_invariant(isa, fmt):
     rng = np.random.default_rng(len(fmt))
     rows = _rows(fmt, rng)
@@ -66,7 +66,7 @@ def test_kernel_equals_the_reference_product_and_is_batch_invariant(isa, fmt):
     np.testing.assert_array_equal(got3, np.asarray(_matmul(x[:6], m)))
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "bf16"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "bf16", "f32"])
 def test_kernel_computes_the_live_rows_only_and_the_same_bits(isa, fmt):
     """With a row count (a decode batch's live rows, packed at its front) the kernel computes
     those rows exactly as without it and zeroes the rest; a count outside 1..B means all."""
@@ -82,18 +82,24 @@ def test_kernel_computes_the_live_rows_only_and_the_same_bits(isa, fmt):
         np.testing.assert_array_equal(np.asarray(_matmul(x, m, jnp.int32(outside))), full)
 
 
-def test_q4_1_rows_taken_in_pairs_and_the_odd_one_out_give_the_same_bits(isa):
-    """An odd number of weight rows: the kernel takes rows two at a time beside several batch rows
-    and the last one alone; every output equals the product of its batch row alone."""
+@pytest.mark.parametrize("fmt", ["q4_1", "f32"])
+def test_rows_taken_in_groups_and_the_odd_ones_out_give_the_same_bits(isa, fmt):
+    """An odd number of weight rows: the kernel takes q4_1 rows two at a time and float32 rows
+    four at a time beside several batch rows (one at a time up to 4 batch rows), and the last
+    ones alone; every output equals the product of its batch row alone."""
     rng = np.random.default_rng(3)
     n = 41
     w = rng.standard_normal((n, K)).astype(np.float32)
-    raw = gguf.quants.quantize(w, Q.Q4_1)
-    m = quant.QMatrix.from_rows(quant.from_gguf_blocks("Q4_1", raw, (n, K)))
+    if fmt == "q4_1":
+        rows = quant.from_gguf_blocks("Q4_1", gguf.quants.quantize(w, Q.Q4_1), (n, K))
+    else:
+        rows = quant.from_float("f32", w.T)
+    m = quant.QMatrix.from_rows(rows)
     x = rng.standard_normal((16, K)).astype(np.float32)
     alone = np.stack([np.asarray(_matmul(x[r : r + 1], m))[0] for r in range(len(x))])
-    np.testing.assert_array_equal(np.asarray(_matmul(x, m)), alone)
-    want = x.astype(np.float64) @ quant.dequantize(quant.from_gguf_blocks("Q4_1", raw, (n, K)))
+    for b in (2, 4, 5, 8, 13, 16):
+        np.testing.assert_array_equal(np.asarray(_matmul(x[:b], m)), alone[:b])
+    want = x.astype(np.float64) @ quant.dequantize(rows)
     assert np.abs(alone - want).max() <= 1e-5 * np.abs(want).max()
 
 

@@ -1,6 +1,7 @@
 """[model] weight_format reaches the decode engine: its step's matrices take that form (int8: the
 native kernel's q8_0 blocks), while prefill keeps float32 (XLA's products, which its many rows
-favour). "auto" on a float32 checkpoint is float32."""
+favour). "auto" on a float32 checkpoint is float32: on the decode side as float32 rows in the
+kernel for batches up to quant.ROWS_MAX_BATCH and XLA's matrices above it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import jax
 import pytest
 
 from splitserve.config import config_from_dict
-from splitserve.engine import build_engine, qkernel
+from splitserve.engine import build_engine, qkernel, quant
 from splitserve.engine.quant import QMatrix
 
 
-def engine_of(role: str, **model):
-    config = config_from_dict({"model": {"path": "random:test-tiny", "num_slots": 2,
+def engine_of(role: str, num_slots: int = 2, **model):
+    config = config_from_dict({"model": {"path": "random:test-tiny", "num_slots": num_slots,
                                          "max_seq_len": 64, **model},
                                "cluster": {"run_dir": "/x"}})  # fmt: skip
     return build_engine(config.model, 512, role=role)
@@ -36,4 +37,22 @@ def test_the_decode_engine_takes_the_configured_form():
 
 def test_auto_is_float32_for_a_float32_checkpoint():
     engine = engine_of("decode")
-    assert engine.weight_format == "float32" and kernel_formats(engine.decode_params) == set()
+    assert engine.weight_format == "float32"
+    want = {"f32"} if qkernel.available() else set()
+    assert kernel_formats(engine.decode_params) == want  # the kernel's float32 rows
+    assert engine_of("prefill").weight_format == "float32"
+    assert kernel_formats(engine_of("prefill").params) == set()  # XLA's
+
+
+@pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
+def test_float32_decode_batches_above_the_rows_limit_take_xla_matrices():
+    engine = engine_of("decode", num_slots=2 * quant.ROWS_MAX_BATCH)
+    small = [b for b in engine.batch_buckets if b <= quant.ROWS_MAX_BATCH]
+    large = [b for b in engine.batch_buckets if b > quant.ROWS_MAX_BATCH]
+    assert small and large
+    for b in small:
+        assert kernel_formats(engine._decode_params_at[b]) == {"f32"}
+    for b in large:
+        assert kernel_formats(engine._decode_params_at[b]) == set()
+    # one set of XLA matrices, shared with the engine's own prefill
+    assert engine.params is engine._decode_params_at[large[0]]

@@ -74,10 +74,10 @@ class CompiledPrograms:
         """Everything besides a program's key that shapes its executable: the model's
         configuration, the slots, the dtypes, the formats and the parameters' tree."""
         leaves = lambda tree: [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree)]  # noqa: E731
+        trees = [*self._decode_params_at.values(), self.params]
         return repr((self.cfg, self.num_slots, str(self.cache_dtype), self.attention,
                      self.weight_format, self.prefill_weight_format,
-                     jax.tree.structure(self.decode_params), leaves(self.decode_params),
-                     jax.tree.structure(self.params), leaves(self.params)))  # fmt: skip
+                     [(jax.tree.structure(t), leaves(t)) for t in trees]))  # fmt: skip
 
     def _program(self, key: tuple):
         """The executable for one shape, obtained on first use."""
@@ -149,7 +149,7 @@ class CompiledPrograms:
             return fn, [*self._cache_specs(key[1]), spec((), i32), spec((), i32)]
         if kind == "decode":  # ("decode", batch, capacity, steps)
             _, batch, capacity, steps = key
-            args = [self.decode_params, *self._cache_specs(capacity),
+            args = [self._decode_params_at[batch], *self._cache_specs(capacity),
                     spec((prog.INT_ROWS, batch), i32)]
             if steps > 1:
                 args.append(spec((prog.FLOAT_ROWS, batch), f32))

@@ -29,7 +29,8 @@
 4. `free` marks the slot unused; its stale cache is never visible to other slots (each
    row attends to its own cache only) nor to its next occupant (masked by position).
 
-Matrices take the form `weight_format` names (quant.WEIGHT_FORMATS): float32 for XLA, or a
+Matrices take the form `weight_format` names (quant.WEIGHT_FORMATS): float32 (on the decode
+side as rows in the native kernel, on the prefill side for XLA: quant.side_form), or a
 quantized form for the native kernel; prefill may use another (`prefill_weight_format`).
 "auto" (the default) keeps a GGUF file's own Q8_0/Q4_0/Q4_1 blocks (exact, and the fastest
 measured) and float32 for any other checkpoint (int8 and bfloat16 round its weights: opt-in);
@@ -52,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import llama_model, qkernel
+from splitserve.engine import llama_model, qkernel, quant
 from splitserve.engine import programs as prog
 from splitserve.engine.buckets import (
     batch_buckets,
@@ -170,17 +171,23 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         if not set(sides) <= {"prefill", "decode"} or not sides:
             raise ValueError(f"sides {sides!r}: some of 'prefill', 'decode'")
         self.sides = tuple(sides)
+        # Each side's matrices in the form its shapes run fastest in (quant.side_form): a
+        # float32 decode side holds the kernel's rows, and XLA's matrices too only when it has
+        # batch buckets above quant.ROWS_MAX_BATCH. One set of arrays per distinct form.
+        form_of = {b: quant.side_form(self.weight_format, True, param_dtype, b)
+                   for b in self.batch_buckets}  # fmt: skip
+        prefill_form = quant.side_form(self.prefill_weight_format, False, param_dtype)
         if "decode" not in sides:
             self.weight_format = self.prefill_weight_format
-        elif "prefill" not in sides:
+            form_of = dict.fromkeys(self.batch_buckets, prefill_form)
+        elif "prefill" not in sides:  # the largest bucket's: XLA's where there are both
             self.prefill_weight_format = weight_format
+            prefill_form = form_of[self.batch_buckets[-1]]
         prepare = partial(llama_model.prepare_params, cfg, weights, param_dtype, native=native)
-        self.decode_params = prepare(weights=self.weight_format)
-        self.params = (  # the prefill side's
-            self.decode_params
-            if self.prefill_weight_format == self.weight_format
-            else prepare(weights=self.prefill_weight_format)
-        )
+        built = {f: prepare(weights=f) for f in dict.fromkeys([*form_of.values(), prefill_form])}
+        self._decode_params_at = {b: built[f] for b, f in form_of.items()}
+        self.decode_params = self._decode_params_at[self.batch_buckets[0]]
+        self.params = built[prefill_form]  # the prefill side's
         self._capacity = self.decode_buckets[0]
         self.shrink_after_steps = shrink_after_steps
         self._steps_over = 0  # consecutive steps whose live sequences needed a smaller cache
@@ -341,7 +348,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         top = None
         if steps == 1:
             self._cache_k, self._cache_v, tok, lp, logits = program(
-                self.decode_params, self._cache_k, self._cache_v, ints
+                self._decode_params_at[batch], self._cache_k, self._cache_v, ints
             )
             # the pass is dispatched: only now wait for the masks, which overlap it
             masked = self._masked_rows(masks, batch)
@@ -354,7 +361,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         else:
             floats = np.ascontiguousarray(self._floats[:, :batch])
             self._cache_k, self._cache_v, tok, lp = program(
-                self.decode_params, self._cache_k, self._cache_v, ints, floats
+                self._decode_params_at[batch], self._cache_k, self._cache_v, ints, floats
             )
             tok, lp = np.asarray(tok), np.asarray(lp)  # [steps, batch]
         rows = np.flatnonzero(live[:batch])

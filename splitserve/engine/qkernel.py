@@ -7,7 +7,8 @@ shared library, loaded with ctypes, not a Python module). When the build could n
 FFI targets: one matmul per storage format (see quant.py for the layouts), and decode
 attention (native/attention.c):
     splitserve_q8_0(x, qs, d) -> y        splitserve_q4_1(x, qs, d, m) -> y
-    splitserve_bf16(x, w) -> y            x: [..., K] float32; y: [..., N] float32
+    splitserve_bf16(x, w) -> y            splitserve_f32(x, w) -> y
+                                          x: [..., K] float32; y: [..., N] float32
     splitserve_<fmt>_rows(x, ..., rows)   the same for the leading rows[0] rows of x only
                                           (int32 [1]; the rest of y is zero)
     splitserve_attention(q, cache_k, cache_v, lengths) -> out
@@ -23,7 +24,7 @@ import threading
 import jax
 import jax.numpy as jnp
 
-FORMATS = ("q8_0", "q4_1", "bf16")
+FORMATS = ("q8_0", "q4_1", "bf16", "f32")
 TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), "attention")
 ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 

@@ -10,7 +10,7 @@
 #define MAX_BLOCKS 1024 /* K <= 32768: the scales of one row fit on the stack */
 #define MAX_CB 8        /* batch rows per pass over a weight row (accumulators in registers) */
 
-enum { FMT_Q8_0 = 0, FMT_Q4_1 = 1, FMT_BF16 = 2 };
+enum { FMT_Q8_0 = 0, FMT_Q4_1 = 1, FMT_BF16 = 2, FMT_F32 = 3 };
 
 typedef struct Job Job;
 typedef void RowsFn(const Job* j, int64_t n0, int64_t n1);
@@ -20,7 +20,7 @@ struct Job {
   int fmt;
   int64_t B, K, N;
   const float* x;     /* [B, K] */
-  const void* w;      /* qs (int8 / uint8 nibbles) or bf16 bits */
+  const void* w;      /* qs (int8 / uint8 nibbles), bf16 bits or float32 */
   const uint16_t* d;  /* [N, K/32] f16 */
   const uint16_t* m;  /* [N, K/32] f16 (q4_1) */
   float* y;           /* [B, N] */
@@ -34,7 +34,12 @@ struct Job {
 #define PREFETCH_BYTES 4096
 
 static inline int64_t row_bytes(const Job* j) {
-  return j->fmt == FMT_Q8_0 ? j->K : (j->fmt == FMT_Q4_1 ? j->K / 2 : 2 * j->K);
+  switch (j->fmt) {
+    case FMT_Q8_0: return j->K;
+    case FMT_Q4_1: return j->K / 2;
+    case FMT_BF16: return 2 * j->K;
+    default: return 4 * j->K;
+  }
 }
 
 static inline void prefetch_row(const Job* j, int64_t n) {
