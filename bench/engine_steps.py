@@ -4,7 +4,9 @@ live slots, steps per dispatch, attention kernel. Prints a markdown table.
     .venv/bin/python bench/engine_steps.py --model default --threads 1 \\
         gguf:1 gguf:4 gguf:16 float32:1 float32:4 float32:16
 
-A variant is FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS]]] (STEPS per dispatch, default 1; ATTENTION
+A variant is FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS]]] (FORMAT a weight format, or xla-float32:
+float32 in XLA's products at every batch, as before the kernel's float32 rows; STEPS per
+dispatch, default 1; ATTENTION
 auto, native or xla; SLOTS default --slots, so LIVE < SLOTS runs a smaller batch bucket: gguf:1
 against gguf:1:1:auto:1 is a 16-slot engine with one live slot against a 1-slot engine). One
 cache capacity (--capacity); LIVE slots hold a --context-token prefix, refilled before each
@@ -17,6 +19,7 @@ first variant. On a shared host compare ratios from one run, not absolute times 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -32,6 +35,9 @@ def parse_variant(text: str, slots: int) -> tuple[str, int, int, str, int]:
     steps = int(parts[2]) if len(parts) > 2 else 1
     attention = parts[3] if len(parts) > 3 else "auto"
     return parts[0], int(parts[1]), steps, attention, int(parts[4]) if len(parts) > 4 else slots
+
+
+XLA_FLOAT32 = "xla-float32"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,11 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     for text in args.variants:
         fmt, live, steps, attention, slots = parse_variant(text, args.slots)
         t = time.perf_counter()
-        engine = JaxEngine(
-            cfg, weights, slots, args.capacity, prefill_buckets=(args.capacity,),
-            decode_buckets=(args.capacity,), weight_format=fmt, native=native,
-            decode_steps=(steps,), attention=attention,
-        )
+        with xla_float32(fmt == XLA_FLOAT32):
+            engine = JaxEngine(
+                cfg, weights, slots, args.capacity, prefill_buckets=(args.capacity,),
+                decode_buckets=(args.capacity,),
+                weight_format="float32" if fmt == XLA_FLOAT32 else fmt, native=native,
+                decode_steps=(steps,), attention=attention,
+            )
         prefix = engine.prefill(prompt, greedy)
         runs[text] = (engine, prefix, live, steps)
         fill(engine, prefix, live)
@@ -98,6 +106,21 @@ def main(argv: list[str] | None = None) -> None:
     for text in runs:
         w, c = statistics.median(wall[text]), statistics.median(cpu[text])
         print(f"| {text} | {w * 1e3:.1f} | {w / w0:.2f} | {c * 1e3:.1f} | {c / c0:.2f} |")
+
+
+@contextlib.contextmanager
+def xla_float32(on: bool):
+    """While on, float32 decode matrices are XLA's at every batch size (the form before the
+    kernel's float32 rows: quant.side_form), for the comparison."""
+    from splitserve.engine import quant
+
+    rows = quant.ROWS_MAX_BATCH
+    if on:
+        quant.ROWS_MAX_BATCH = 0
+    try:
+        yield
+    finally:
+        quant.ROWS_MAX_BATCH = rows
 
 
 def fill(engine, prefix, live: int) -> None:
