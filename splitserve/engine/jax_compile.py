@@ -74,7 +74,7 @@ class CompiledPrograms:
         """Everything besides a program's key that shapes its executable: the model's
         configuration, the slots, the dtypes, the formats and the parameters' tree."""
         leaves = lambda tree: [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree)]  # noqa: E731
-        trees = [*self._decode_params_at.values(), self.params]
+        trees = list({id(t): t for t in [*self._decode_params_at.values(), self.params]}.values())
         return repr((self.cfg, self.num_slots, str(self.cache_dtype), self.attention,
                      self.weight_format, self.prefill_weight_format,
                      [(jax.tree.structure(t), leaves(t)) for t in trees]))  # fmt: skip

@@ -340,31 +340,25 @@ TARGET_AVX2 static inline __m256 avx2_bf16(const uint16_t* p) {
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 
-TARGET_AVX2 INLINE void bf16_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb) {
+/* bf16 or float32 rows (`f32`, a constant where it is inlined): four 8-lane pieces a block,
+   widened from bf16 or loaded as they are. */
+TARGET_AVX2 INLINE void plain_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb,
+                                      const int f32) {
   const int64_t K = j->K, nb = K / BLOCK;
   const float* x = j->x;
-  const uint16_t* q = (const uint16_t*)j->w + n * K;
   __m256 acc[AVX2_CB][4];
   AVX2_ZERO()
   for (int64_t blk = 0; blk < nb; ++blk) {
-    const uint16_t* qb = q + blk * BLOCK;
-    const __m256 w0 = avx2_bf16(qb), w1 = avx2_bf16(qb + 8);
-    const __m256 w2 = avx2_bf16(qb + 16), w3 = avx2_bf16(qb + 24);
-    AVX2_ACCUMULATE(w0, w1, w2, w3)
-  }
-  AVX2_STORE()
-}
-
-TARGET_AVX2 INLINE void f32_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb) {
-  const int64_t K = j->K, nb = K / BLOCK;
-  const float* x = j->x;
-  const float* q = (const float*)j->w + n * K;
-  __m256 acc[AVX2_CB][4];
-  AVX2_ZERO()
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    const float* qb = q + blk * BLOCK;
-    const __m256 w0 = _mm256_loadu_ps(qb), w1 = _mm256_loadu_ps(qb + 8);
-    const __m256 w2 = _mm256_loadu_ps(qb + 16), w3 = _mm256_loadu_ps(qb + 24);
+    __m256 w0, w1, w2, w3;
+    if (f32) {
+      const float* qb = (const float*)j->w + n * K + blk * BLOCK;
+      w0 = _mm256_loadu_ps(qb), w1 = _mm256_loadu_ps(qb + 8);
+      w2 = _mm256_loadu_ps(qb + 16), w3 = _mm256_loadu_ps(qb + 24);
+    } else {
+      const uint16_t* qb = (const uint16_t*)j->w + n * K + blk * BLOCK;
+      w0 = avx2_bf16(qb), w1 = avx2_bf16(qb + 8);
+      w2 = avx2_bf16(qb + 16), w3 = avx2_bf16(qb + 24);
+    }
     AVX2_ACCUMULATE(w0, w1, w2, w3)
   }
   AVX2_STORE()
@@ -393,11 +387,11 @@ TARGET_AVX2 void rows_avx2(const Job* j, int64_t n0, int64_t n1) {
       DISPATCH_CB2(CALL)
 #undef CALL
     } else if (j->fmt == FMT_BF16) {
-#define CALL(cb) bf16_avx2_cb(j, n, b0, cb)
+#define CALL(cb) plain_avx2_cb(j, n, b0, cb, 0)
       DISPATCH_CB2(CALL)
 #undef CALL
     } else {
-#define CALL(cb) f32_avx2_cb(j, n, b0, cb)
+#define CALL(cb) plain_avx2_cb(j, n, b0, cb, 1)
       DISPATCH_CB2(CALL)
 #undef CALL
     }
