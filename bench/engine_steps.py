@@ -19,7 +19,6 @@ first variant. On a shared host compare ratios from one run, not absolute times 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_jax_runtime(cpu_threads=args.threads)
     import numpy as np
 
-    from splitserve.engine import resolve_model_path
+    from splitserve.engine import quant, resolve_model_path
     from splitserve.engine.interface import SamplingParams
     from splitserve.engine.jax_engine import JaxEngine, load_model, load_native
 
@@ -71,13 +70,13 @@ def main(argv: list[str] | None = None) -> None:
     for text in args.variants:
         fmt, live, steps, attention, slots = parse_variant(text, args.slots)
         t = time.perf_counter()
-        with xla_float32(fmt == XLA_FLOAT32):
-            engine = JaxEngine(
-                cfg, weights, slots, args.capacity, prefill_buckets=(args.capacity,),
-                decode_buckets=(args.capacity,),
-                weight_format="float32" if fmt == XLA_FLOAT32 else fmt, native=native,
-                decode_steps=(steps,), attention=attention,
-            )
+        xla = fmt == XLA_FLOAT32  # float32 with no kernel rows at any batch
+        engine = JaxEngine(
+            cfg, weights, slots, args.capacity, prefill_buckets=(args.capacity,),
+            decode_buckets=(args.capacity,), weight_format="float32" if xla else fmt,
+            float32_rows_max_batch=0 if xla else quant.ROWS_MAX_BATCH, native=native,
+            decode_steps=(steps,), attention=attention,
+        )
         prefix = engine.prefill(prompt, greedy)
         runs[text] = (engine, prefix, live, steps)
         fill(engine, prefix, live)
@@ -106,21 +105,6 @@ def main(argv: list[str] | None = None) -> None:
     for text in runs:
         w, c = statistics.median(wall[text]), statistics.median(cpu[text])
         print(f"| {text} | {w * 1e3:.1f} | {w / w0:.2f} | {c * 1e3:.1f} | {c / c0:.2f} |")
-
-
-@contextlib.contextmanager
-def xla_float32(on: bool):
-    """While on, float32 decode matrices are XLA's at every batch size (the form before the
-    kernel's float32 rows: quant.side_form), for the comparison."""
-    from splitserve.engine import quant
-
-    rows = quant.ROWS_MAX_BATCH
-    if on:
-        quant.ROWS_MAX_BATCH = 0
-    try:
-        yield
-    finally:
-        quant.ROWS_MAX_BATCH = rows
 
 
 def fill(engine, prefix, live: int) -> None:

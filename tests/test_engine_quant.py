@@ -59,7 +59,7 @@ def test_kernel_equals_the_reference_product_and_is_batch_invariant(isa, fmt):
         # float32 sums of K products: well inside 1e-5 of the largest output
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
         # every row is bit-identical to its product alone, whatever else is in the batch (the
-        # kernel takes batch rows in passes of up to 8, or 6 beside two weight rows at once)
+        # kernel takes batch rows in passes of up to 8, or 6 beside two q4_1 or four f32 rows)
         np.testing.assert_array_equal(got, alone[:b])
     # leading dims are flattened: [2, 3, K] works like [6, K]
     got3 = np.asarray(_matmul(x[:6].reshape(2, 3, K), m)).reshape(6, N)

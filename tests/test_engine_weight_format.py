@@ -40,8 +40,8 @@ def test_auto_is_float32_for_a_float32_checkpoint():
     assert engine.weight_format == "float32"
     want = {"f32"} if qkernel.available() else set()
     assert kernel_formats(engine.decode_params) == want  # the kernel's float32 rows
-    assert engine_of("prefill").weight_format == "float32"
-    assert kernel_formats(engine_of("prefill").params) == set()  # XLA's
+    prefill = engine_of("prefill")
+    assert prefill.weight_format == "float32" and kernel_formats(prefill.params) == set()  # XLA's
 
 
 @pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
@@ -56,3 +56,13 @@ def test_float32_decode_batches_above_the_rows_limit_take_xla_matrices():
         assert kernel_formats(engine._decode_params_at[b]) == set()
     # one set of XLA matrices, shared with the engine's own prefill
     assert engine.params is engine._decode_params_at[large[0]]
+
+
+@pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
+def test_no_float32_rows_when_their_batch_limit_is_zero():
+    """float32_rows_max_batch = 0: XLA's matrices at every batch (what the benchmarks compare)."""
+    from splitserve.engine.jax_engine import build_jax_engine
+
+    engine = build_jax_engine("random:test-tiny", 2, 64, float32_rows_max_batch=0)
+    assert all(kernel_formats(p) == set() for p in engine._decode_params_at.values())
+    assert engine.params is engine.decode_params  # one set of arrays for both sides

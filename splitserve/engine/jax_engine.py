@@ -107,6 +107,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         decode_steps_max_live: int | None = None,
         weight_format: str = "auto",
         prefill_weight_format: str | None = None,
+        float32_rows_max_batch: int = quant.ROWS_MAX_BATCH,
         attention: str = "auto",
         native: dict | None = None,
         param_dtype=jnp.float32,
@@ -173,8 +174,10 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self.sides = tuple(sides)
         # Each side's matrices in the form its shapes run fastest in (quant.side_form): a
         # float32 decode side holds the kernel's rows, and XLA's matrices too only when it has
-        # batch buckets above quant.ROWS_MAX_BATCH. One set of arrays per distinct form.
-        form_of = {b: quant.side_form(self.weight_format, True, param_dtype, b)
+        # batch buckets above float32_rows_max_batch (0: XLA's at every batch). One set of
+        # arrays per distinct form.
+        form_of = {b: quant.side_form(self.weight_format, True, param_dtype, b,
+                                      float32_rows_max_batch)
                    for b in self.batch_buckets}  # fmt: skip
         prefill_form = quant.side_form(self.prefill_weight_format, False, param_dtype)
         if "decode" not in sides:
@@ -186,7 +189,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         prepare = partial(llama_model.prepare_params, cfg, weights, param_dtype, native=native)
         built = {f: prepare(weights=f) for f in dict.fromkeys([*form_of.values(), prefill_form])}
         self._decode_params_at = {b: built[f] for b, f in form_of.items()}
-        self.decode_params = self._decode_params_at[self.batch_buckets[0]]
+        self.decode_params = self._decode_params_at[self.batch_buckets[0]]  # the smallest's
         self.params = built[prefill_form]  # the prefill side's
         self._capacity = self.decode_buckets[0]
         self.shrink_after_steps = shrink_after_steps

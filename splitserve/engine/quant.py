@@ -205,15 +205,16 @@ _FROM_FLOAT = {"bfloat16": "bf16", "int8": "q8_0", FLOAT32_ROWS: "f32"}
 ROWS_MAX_BATCH = 16
 
 
-def side_form(weights: str, decode: bool, dtype=np.float32, batch: int = 1) -> str:
+def side_form(weights: str, decode: bool, dtype=np.float32, batch: int = 1,
+              rows_max_batch: int = ROWS_MAX_BATCH) -> str:  # fmt: skip
     """The form a side's matrices take for weight format `weights` (at a decode batch size).
-    Decode steps of a few rows are where the kernel streams float32 rows faster than XLA's
-    matmul (default model, a whole step: 0.83-0.96x the time at 1 live row, 0.83x at 4, 0.89x
-    at 16; the 7M checkpoint 0.84x at 16 but 1.16x at 64); prefill multiplies many rows, where
-    XLA's matmul is faster. Weights of another dtype stay XLA's."""
+    Decode steps of up to rows_max_batch rows are where the kernel streams float32 rows faster
+    than XLA's matmul (default model, a whole step: 0.70x the time at 1 live row, 0.66x at 4,
+    0.91x at 16; the 7M checkpoint 0.84x at 16 but 1.16x at 64); prefill multiplies many rows,
+    where XLA's matmul is faster. Weights of another dtype stay XLA's."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights {weights!r}: one of {WEIGHT_FORMATS}")
-    rows = decode and batch <= ROWS_MAX_BATCH and np.dtype(dtype) == np.float32
+    rows = decode and batch <= rows_max_batch and np.dtype(dtype) == np.float32
     if weights == "float32" and rows and qkernel.available():
         return FLOAT32_ROWS
     return weights
