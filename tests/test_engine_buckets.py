@@ -28,15 +28,19 @@ GREEDY = SamplingParams()
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=4321)
 
 
-# float32 runs XLA's products over the whole bucket; int8 the native kernel's, which compute
-# the live rows only (programs.LIVE): both must give every request the same tokens
-@pytest.fixture(scope="module", params=["float32", "int8"])
+# float32 runs the kernel's float32 rows in every bucket here (8 slots); "float32-mixed" has them
+# up to 2 rows and XLA's products over the whole bucket above, so a request moves between the two
+# forms as the batch shrinks; int8 runs the kernel's q8_0 rows. The kernel computes the live rows
+# only (programs.LIVE). All must give every request the same tokens.
+@pytest.fixture(scope="module", params=["float32", "float32-mixed", "int8"])
 def engine(request):
     if request.param != "float32" and not qkernel.available():
         pytest.skip("native kernel not built")
+    mixed = request.param == "float32-mixed"
     eng = build_jax_engine(  # one cache capacity: test_engine_kv covers resizing
         "random:test-tiny:3", SLOTS, MAX_SEQ, prefill_buckets=BUCKETS, decode_buckets=(MAX_SEQ,),
-        weight_format=request.param,
+        weight_format="float32" if mixed else request.param,
+        **({"float32_rows_max_batch": 2} if mixed else {}),
     )
     eng.warmup(prefill=True, decode=True)
     return eng
