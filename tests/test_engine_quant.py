@@ -60,7 +60,8 @@ def test_kernel_equals_the_reference_product_and_is_batch_invariant(isa, fmt):
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
         # every row is bit-identical to its product alone, whatever else is in the batch (the
         # kernel takes batch rows in passes of up to 8, or 6 beside two q4_1 or four f32 rows;
-        # on AVX2, q8_0, q4_1 and bf16 from 3 batch rows in tiles of 3 weight x 4 batch rows)
+        # on AVX2, q8_0, q4_1 and bf16 from 3 batch rows and f32 from 9 in tiles of 3 weight x
+        # 4 batch rows)
         np.testing.assert_array_equal(got, alone[:b])
     # leading dims are flattened: [2, 3, K] works like [6, K]
     got3 = np.asarray(_matmul(x[:6].reshape(2, 3, K), m)).reshape(6, N)
@@ -86,9 +87,9 @@ def test_kernel_computes_the_live_rows_only_and_the_same_bits(isa, fmt):
 @pytest.mark.parametrize("fmt", ["q4_1", "f32"])
 def test_rows_taken_in_groups_and_the_odd_ones_out_give_the_same_bits(isa, fmt):
     """An odd number of weight rows: the kernel takes q4_1 rows two at a time and float32 rows
-    four at a time beside several batch rows (one at a time up to 4 batch rows), on AVX2 q4_1
-    rows three at a time beside 4 batch rows, and the last ones alone; every output equals the
-    product of its batch row alone."""
+    four at a time beside several batch rows (one at a time up to 4 batch rows), on AVX2 both
+    three at a time beside 4 batch rows (f32 from 9 batch rows), and the last ones alone; every
+    output equals the product of its batch row alone."""
     rng = np.random.default_rng(3)
     n = 41
     w = rng.standard_normal((n, K)).astype(np.float32)

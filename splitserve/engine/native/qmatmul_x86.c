@@ -387,9 +387,12 @@ TARGET_AVX2 static void dequantize_row_avx2(const Job* j, int64_t n, const float
       _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low4)), d, m));
       _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m));
       _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d, m));
-    } else { /* bf16 */
+    } else if (j->fmt == FMT_BF16) {
       const uint16_t* qb = (const uint16_t*)j->w + n * K + blk * BLOCK;
       for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, avx2_bf16(qb + 8 * i));
+    } else {
+      const float* qb = (const float*)j->w + n * K + blk * BLOCK;
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_loadu_ps(qb + 8 * i));
     }
   }
 }
@@ -399,7 +402,7 @@ TARGET_AVX2 static void dequantize_row_avx2(const Job* j, int64_t n, const float
     if (j->B - b0 >= 2) call(2); else call(1);                      \
   }
 
-/* Many batch rows, narrow weights: tiles of up to TILE_R weight rows, each dequantized once
+/* Many batch rows: tiles of up to TILE_R weight rows, each widened (or, float32, copied) once
    into a buffer (dequantize_row_avx2), x TILE_C batch rows. The four 8-lane pieces of a block
    go in four passes over the buffered rows, one accumulator per (weight row, batch row) in
    each: every accumulator sees the same products in the same order as in the one-row
@@ -410,10 +413,12 @@ TARGET_AVX2 static void dequantize_row_avx2(const Job* j, int64_t n, const float
    rows the loads and the repeated dequantizing, not the multiply-adds, had set the pace.
    Measured on the default model's layer shapes (30 layers' four matrices, one thread, three
    alternating runs, median ratio to the pair passes): q4_1 0.81x at 4 batch rows, 0.80x at
-   8, 0.70x at 16; q8_0 0.90x, 0.99x, 0.74x. float32 rows stay in the pair passes (1.26x,
-   1.17x and 0.95x with tiles: the row is read from memory, not from a buffer, four times). */
+   8, 0.70x at 16; q8_0 0.90x, 0.99x, 0.74x. float32 rows, whose pair passes widen nothing,
+   take tiles above F32_TILE_MIN_B batch rows only: 0.62-0.74x at 16, 0.9-1.4x at 4 and 8 (a
+   busy host; three runs each). */
 #define TILE_R 3
 #define TILE_C 4
+#define F32_TILE_MIN_B 8
 
 TARGET_AVX2 INLINE void tile_avx2(const Job* j, const float* const* w, int64_t n, int64_t b0,
                                   const int R, const int C) {
@@ -485,7 +490,7 @@ TARGET_AVX2 static int tiles_avx2(const Job* j, int64_t n0, int64_t n1) {
 #undef TILE_COLS
 
 TARGET_AVX2 void rows_avx2(const Job* j, int64_t n0, int64_t n1) {
-  if (j->B > AVX2_CB && j->fmt != FMT_F32 && tiles_avx2(j, n0, n1)) return;
+  if (j->B > (j->fmt == FMT_F32 ? F32_TILE_MIN_B : AVX2_CB) && tiles_avx2(j, n0, n1)) return;
   const int64_t nb = j->K / BLOCK;
   const int64_t ahead = PREFETCH_BYTES / row_bytes(j) + 1;
   float ds[MAX_BLOCKS], ms[MAX_BLOCKS];
