@@ -161,8 +161,8 @@ TARGET_AVX512 static void item_avx512(const Job* j, int64_t r, int64_t h, float*
 
 /* ---- AVX2 ----------------------------------------------------------------------------------- */
 
-/* The same Cephes polynomial in 8 lanes; 2^n is built in the exponent bits (n >= -126 since
-   x >= -87, so the result stays a normal float). */
+/* exp_avx512's Cephes polynomial in 8 lanes (AVX2 has no scalef): 2^n is built in the exponent
+   bits, which stay in range since x >= -87 gives n >= -126. */
 TARGET_AVX2 static inline __m256 exp_avx2(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
@@ -176,7 +176,8 @@ TARGET_AVX2 static inline __m256 exp_avx2(__m256 x) {
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
@@ -189,8 +190,8 @@ TARGET_AVX2 static inline __m256i lanes_avx2(int64_t left) {
 
 /* The AVX2 passes work on register blocks of compile-time size (each `const int` below is a
    constant where the function is inlined), so the accumulators stay in registers: with the
-   sizes taken from the data (as in item_avx512) the compiler kept them in memory, and a step's
-   attention took 82 us a layer at 181 positions (default model, one row) instead of ~5. */
+   sizes taken from the data (as in item_avx512) the compiler kept them in memory: 37.7 against
+   12.5 us for a layer's three KV heads at 181 positions from cache (default model, one row). */
 
 /* Scores of GN (<= 3) query heads at positions [c0, c0 + 24): s[g * S + c] = q[g] . K[:, c].
    Nine independent chains of D multiply-adds; lanes at or past L are neither read nor used

@@ -277,13 +277,11 @@ TARGET_AVX2 static inline float hsum_avx2(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-#define AVX2_ACCUMULATE(w0, w1, w2, w3)                                  \
-  for (int b = 0; b < cb; ++b) {                                         \
-    const float* xb = x + (b0 + b) * K + blk * BLOCK;                    \
-    acc[b][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[b][0]);     \
-    acc[b][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[b][1]); \
-    acc[b][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[b][2]);\
-    acc[b][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[b][3]);\
+#define AVX2_ACCUMULATE(w)                                                  \
+  for (int b = 0; b < cb; ++b) {                                            \
+    const float* xb = x + (b0 + b) * K + blk * BLOCK;                       \
+    for (int i = 0; i < 4; ++i)                                             \
+      acc[b][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + 8 * i), acc[b][i]); \
   }
 
 #define AVX2_STORE()                                                                  \
@@ -298,102 +296,73 @@ TARGET_AVX2 static inline __m256 avx2_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 
-TARGET_AVX2 INLINE void q8_0_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb,
-                                     const float* ds) {
-  const int64_t K = j->K, nb = K / BLOCK;
-  const float* x = j->x;
-  const int8_t* q = (const int8_t*)j->w + n * K;
-  __m256 acc[AVX2_CB][4];
-  AVX2_ZERO()
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    const __m256 d = _mm256_set1_ps(ds[blk]);
-    const int8_t* qb = q + blk * BLOCK;
-    const __m256 w0 = _mm256_mul_ps(avx2_i8(qb), d), w1 = _mm256_mul_ps(avx2_i8(qb + 8), d);
-    const __m256 w2 = _mm256_mul_ps(avx2_i8(qb + 16), d), w3 = _mm256_mul_ps(avx2_i8(qb + 24), d);
-    AVX2_ACCUMULATE(w0, w1, w2, w3)
-  }
-  AVX2_STORE()
-}
-
-TARGET_AVX2 INLINE void q4_1_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb,
-                                     const float* ds, const float* ms) {
-  const int64_t K = j->K, nb = K / BLOCK;
-  const float* x = j->x;
-  const uint8_t* q = (const uint8_t*)j->w + n * (K / 2);
-  const __m256i low4 = _mm256_set1_epi32(0xf);
-  __m256 acc[AVX2_CB][4];
-  AVX2_ZERO()
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    const __m256 d = _mm256_set1_ps(ds[blk]), m = _mm256_set1_ps(ms[blk]);
-    const uint8_t* qb = q + blk * 16;
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qb));
-    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qb + 8)));
-    const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, low4)), d, m);
-    const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low4)), d, m);
-    const __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m);
-    const __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d, m);
-    AVX2_ACCUMULATE(w0, w1, w2, w3)
-  }
-  AVX2_STORE()
-}
-
 TARGET_AVX2 static inline __m256 avx2_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 
-/* bf16 or float32 rows (`f32`, a constant where it is inlined): four 8-lane pieces a block,
-   widened from bf16 or loaded as they are. */
-TARGET_AVX2 INLINE void plain_avx2_cb(const Job* j, int64_t n, int64_t b0, const int cb,
-                                      const int f32) {
+/* Block blk of weight row n as four 8-lane pieces w[0..3] (elements 0-7, 8-15, 16-23, 24-31),
+   in the format `fmt` (a constant where it is inlined): the one place the AVX2 paths widen a
+   weight, so the one-row passes and the tiles' buffered rows (dequantize_row_avx2) have the
+   same bits. ds, ms: the row's scales. */
+TARGET_AVX2 INLINE void block_avx2(const Job* j, const int fmt, int64_t n, int64_t blk,
+                                   const float* ds, const float* ms, __m256* w) {
+  const int64_t K = j->K;
+  if (fmt == FMT_Q8_0) {
+    const __m256 d = _mm256_set1_ps(ds[blk]);
+    const int8_t* qb = (const int8_t*)j->w + n * K + blk * BLOCK;
+    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(avx2_i8(qb + 8 * i), d);
+  } else if (fmt == FMT_Q4_1) {
+    /* GGUF's nibble order: byte i of a block holds element i low and i + 16 high */
+    const __m256 d = _mm256_set1_ps(ds[blk]), m = _mm256_set1_ps(ms[blk]);
+    const __m256i low4 = _mm256_set1_epi32(0xf);
+    const uint8_t* qb = (const uint8_t*)j->w + n * (K / 2) + blk * 16;
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qb));
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qb + 8)));
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, low4)), d, m);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low4)), d, m);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d, m);
+  } else if (fmt == FMT_BF16) {
+    const uint16_t* qb = (const uint16_t*)j->w + n * K + blk * BLOCK;
+    for (int i = 0; i < 4; ++i) w[i] = avx2_bf16(qb + 8 * i);
+  } else {
+    const float* qb = (const float*)j->w + n * K + blk * BLOCK;
+    for (int i = 0; i < 4; ++i) w[i] = _mm256_loadu_ps(qb + 8 * i);
+  }
+}
+
+/* Weight row n against batch rows b0 .. b0 + cb - 1 (cb <= AVX2_CB), format `fmt`. */
+TARGET_AVX2 INLINE void row_avx2_cb(const Job* j, const int fmt, int64_t n, int64_t b0,
+                                    const int cb, const float* ds, const float* ms) {
   const int64_t K = j->K, nb = K / BLOCK;
   const float* x = j->x;
-  __m256 acc[AVX2_CB][4];
+  __m256 acc[AVX2_CB][4], w[4];
   AVX2_ZERO()
   for (int64_t blk = 0; blk < nb; ++blk) {
-    __m256 w0, w1, w2, w3;
-    if (f32) {
-      const float* qb = (const float*)j->w + n * K + blk * BLOCK;
-      w0 = _mm256_loadu_ps(qb), w1 = _mm256_loadu_ps(qb + 8);
-      w2 = _mm256_loadu_ps(qb + 16), w3 = _mm256_loadu_ps(qb + 24);
-    } else {
-      const uint16_t* qb = (const uint16_t*)j->w + n * K + blk * BLOCK;
-      w0 = avx2_bf16(qb), w1 = avx2_bf16(qb + 8);
-      w2 = avx2_bf16(qb + 16), w3 = avx2_bf16(qb + 24);
-    }
-    AVX2_ACCUMULATE(w0, w1, w2, w3)
+    block_avx2(j, fmt, n, blk, ds, ms, w);
+    AVX2_ACCUMULATE(w)
   }
   AVX2_STORE()
 }
 
-/* Weight row n dequantized into out[K], each weight exactly as q8_0_avx2_cb, q4_1_avx2_cb and
-   plain_avx2_cb compute it in registers (the same operations), for tiles_avx2. */
+/* Weight row n widened into out[K] (block_avx2's weights), for tiles_avx2. */
+TARGET_AVX2 INLINE void dequantize_row_fmt(const Job* j, const int fmt, int64_t n,
+                                           const float* ds, const float* ms, float* out) {
+  __m256 w[4];
+  for (int64_t blk = 0; blk < j->K / BLOCK; ++blk) {
+    block_avx2(j, fmt, n, blk, ds, ms, w);
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + blk * BLOCK + 8 * i, w[i]);
+  }
+}
+
 TARGET_AVX2 static void dequantize_row_avx2(const Job* j, int64_t n, const float* ds,
                                             const float* ms, float* out) {
-  const int64_t K = j->K, nb = K / BLOCK;
-  const __m256i low4 = _mm256_set1_epi32(0xf);
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    float* o = out + blk * BLOCK;
-    if (j->fmt == FMT_Q8_0) {
-      const __m256 d = _mm256_set1_ps(ds[blk]);
-      const int8_t* qb = (const int8_t*)j->w + n * K + blk * BLOCK;
-      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(avx2_i8(qb + 8 * i), d));
-    } else if (j->fmt == FMT_Q4_1) {
-      const __m256 d = _mm256_set1_ps(ds[blk]), m = _mm256_set1_ps(ms[blk]);
-      const uint8_t* qb = (const uint8_t*)j->w + n * (K / 2) + blk * 16;
-      const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qb));
-      const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qb + 8)));
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, low4)), d, m));
-      _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low4)), d, m));
-      _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m));
-      _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d, m));
-    } else if (j->fmt == FMT_BF16) {
-      const uint16_t* qb = (const uint16_t*)j->w + n * K + blk * BLOCK;
-      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, avx2_bf16(qb + 8 * i));
-    } else {
-      const float* qb = (const float*)j->w + n * K + blk * BLOCK;
-      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_loadu_ps(qb + 8 * i));
-    }
+  switch (j->fmt) {
+    case FMT_Q8_0: dequantize_row_fmt(j, FMT_Q8_0, n, ds, ms, out); break;
+    case FMT_Q4_1: dequantize_row_fmt(j, FMT_Q4_1, n, ds, ms, out); break;
+    case FMT_BF16: dequantize_row_fmt(j, FMT_BF16, n, ds, ms, out); break;
+    default: dequantize_row_fmt(j, FMT_F32, n, ds, ms, out); break;
   }
 }
 
@@ -454,8 +423,8 @@ TARGET_AVX2 INLINE void tile_avx2(const Job* j, const float* const* w, int64_t n
     default: tile_avx2(j, w, n, b0, R, 4); break;      \
   }
 
-/* Rows [n0, n1) of a q8_0, q4_1 or bf16 matrix against every batch row, in tiles; 0 (nothing
-   done) where the buffer cannot be had. */
+/* Rows [n0, n1) against every batch row, in tiles; 0 (nothing done) where the buffer cannot
+   be had. */
 TARGET_AVX2 static int tiles_avx2(const Job* j, int64_t n0, int64_t n1) {
   const int64_t nb = j->K / BLOCK;
   const int64_t ahead = PREFETCH_BYTES / row_bytes(j) + 1;
@@ -498,21 +467,21 @@ TARGET_AVX2 void rows_avx2(const Job* j, int64_t n0, int64_t n1) {
     if (n + ahead < n1) prefetch_row(j, n + ahead);
     if (j->fmt == FMT_Q8_0) {
       scales_avx2(j->d + n * nb, nb, ds);
-#define CALL(cb) q8_0_avx2_cb(j, n, b0, cb, ds)
+#define CALL(cb) row_avx2_cb(j, FMT_Q8_0, n, b0, cb, ds, ms)
       DISPATCH_CB2(CALL)
 #undef CALL
     } else if (j->fmt == FMT_Q4_1) {
       scales_avx2(j->d + n * nb, nb, ds);
       scales_avx2(j->m + n * nb, nb, ms);
-#define CALL(cb) q4_1_avx2_cb(j, n, b0, cb, ds, ms)
+#define CALL(cb) row_avx2_cb(j, FMT_Q4_1, n, b0, cb, ds, ms)
       DISPATCH_CB2(CALL)
 #undef CALL
     } else if (j->fmt == FMT_BF16) {
-#define CALL(cb) plain_avx2_cb(j, n, b0, cb, 0)
+#define CALL(cb) row_avx2_cb(j, FMT_BF16, n, b0, cb, ds, ms)
       DISPATCH_CB2(CALL)
 #undef CALL
     } else {
-#define CALL(cb) plain_avx2_cb(j, n, b0, cb, 1)
+#define CALL(cb) row_avx2_cb(j, FMT_F32, n, b0, cb, ds, ms)
       DISPATCH_CB2(CALL)
 #undef CALL
     }
