@@ -12,7 +12,8 @@ warms up, and where each executable comes from.
    decode programs were over half of the default model's decode warm-up.
 3. `_obtain` loads a key's executable from the engine's ExecutableStore when it has one
    (executables.py: no trace, no lowering), else lowers and compiles it from `_lowered`'s
-   function and argument specs, and stores it for the next start.
+   function and argument specs, with its kind's XLA options (xla_options.py), and stores it
+   for the next start.
 4. `_program` is the lookup every call makes; a key missing there (one the warm-up does not
    cover, such as a prompt-logprobs length) is obtained on first use.
 """
@@ -36,6 +37,7 @@ from splitserve.engine import controls as ctl
 from splitserve.engine import programs as prog
 from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS
 from splitserve.engine.prefill_continue import prefill_continue_fn
+from splitserve.engine.xla_options import compile_options
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ class CompiledPrograms:
             if program is not None:
                 return program, FROM_STORE
         fn, args = self._lowered(key)
-        program = fn.lower(*args).compile()
+        program = fn.lower(*args).compile(compiler_options=compile_options(key[0]))
         if store is None:
             return program, NO_STORE
         store.save(key, program)

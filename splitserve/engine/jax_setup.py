@@ -2,6 +2,9 @@
 
 - `configure_jax_runtime`: how XLA runs on the CPU. Must run before JAX's first
   computation (the CPU client reads these settings once, when it is created).
+
+XLA's compile options, which differ between prefill and decode programs, are given with each
+compile instead (xla_options.py).
 """
 
 from __future__ import annotations
@@ -13,13 +16,6 @@ import jax
 
 log = logging.getLogger(__name__)
 
-# XLA:CPU flags measured on this project's 2-core benchmark machine with jaxlib 0.10.x: its
-# default YNNPACK matmuls run the decode step's [slots, hidden] x [hidden, N] products at
-# half the speed of the Eigen ones; YNNPACK stays on for reductions, where it is faster.
-# Experimental flags change between jaxlib releases and an unknown flag aborts the process,
-# so they are applied only to the release line they were measured on.
-_XLA_CPU_FLAGS = {"0.10.": ("--xla_cpu_experimental_ynn_fusion_type=reduce",)}
-
 
 def backend_started() -> bool:
     from jax._src import xla_bridge
@@ -28,9 +24,7 @@ def backend_started() -> bool:
     return bool(started()) if started else bool(getattr(xla_bridge, "_backends", None))
 
 
-def configure_jax_runtime(
-    *, synchronous_cpu: bool = True, cpu_threads: int | None = None, tuned_flags: bool = True
-) -> None:
+def configure_jax_runtime(*, synchronous_cpu: bool = True, cpu_threads: int | None = None) -> None:
     """Runtime settings for a worker; call before JAX runs its first computation.
 
     synchronous_cpu: run each CPU program inline on the calling thread instead of handing it
@@ -41,20 +35,11 @@ def configure_jax_runtime(
       the CPU affinity mask when the client starts, so the mask is narrowed for that moment
       and restored after: the process still runs on every CPU. 1 suits a decode worker that
       shares a small machine with other workers (no cross-core hand-offs inside a step).
-    tuned_flags: add the measured XLA:CPU flags above (only on the jaxlib they suit).
     """
     if backend_started():
         log.warning("configure_jax_runtime called after JAX started; settings not applied")
         return
     jax.config.update("jax_cpu_enable_async_dispatch", not synchronous_cpu)
-    if tuned_flags:
-        from jaxlib import version
-
-        for prefix, flags in _XLA_CPU_FLAGS.items():
-            if version.__version__.startswith(prefix):
-                current = os.environ.get("XLA_FLAGS", "")
-                extra = [f for f in flags if f.split("=")[0] not in current]
-                os.environ["XLA_FLAGS"] = " ".join([current, *extra]).strip()
     if cpu_threads and hasattr(os, "sched_setaffinity"):
         allowed = os.sched_getaffinity(0)
         os.sched_setaffinity(0, set(sorted(allowed)[:cpu_threads]))
