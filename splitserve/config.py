@@ -17,6 +17,7 @@ A cluster file (all sections optional):
     cpu_threads = 0             # the decode engine's XLA threads (0: one per CPU)
     prefill_cpu_threads = "auto"  # the prefill engine's (0: one per CPU; auto: half the CPUs)
     weight_format = "auto"      # decode's matrices: auto, float32, bfloat16, int8 or gguf
+    prefill_weight_format = "float32"  # prefill's: float32, bfloat16-xla or auto
 
     [cluster]
     mode = "processes"          # or "threads"
@@ -100,9 +101,16 @@ class ModelConfig:
     # the form of the decode step's matrices (engine/quant.py): "auto" is a GGUF file's own
     # Q8_0/Q4_0/Q4_1 blocks through the native kernel (exact), float32 for other checkpoints;
     # "int8" (ggml's Q8_0 rounding) or "bfloat16" round a float32 checkpoint for the kernel,
-    # "float32" runs XLA's matmuls. Prefill stays float32 (its many rows favour XLA). Measured
-    # per batch size in docs/benchmarks.md ("Weight formats").
+    # "float32" runs XLA's matmuls. Measured per batch size in docs/benchmarks.md ("Weight
+    # formats").
     weight_format: str = "auto"
+    # the form of the prefill side's matrices, all multiplied by XLA (a prompt's many rows
+    # favour it over the native kernel): "float32" (exact: the default), "bfloat16-xla"
+    # (weights and activations rounded to bfloat16, float32 sums: a burst of prompts 2.6x as
+    # fast where the CPU has bfloat16 matrix units, Intel AMX, but 3 of 20 greedy answers of
+    # the default model changed), "auto" the second where the CPU has such units, else the
+    # first (engine.prefill_weight_format; docs/benchmarks.md, "Prefill in bfloat16").
+    prefill_weight_format: str = "float32"
     # XLA intra-op threads of the prefill engine's process (0: one per CPU; "auto": half the
     # CPUs, at least one). Under load prefill and decode share the cores; measured on 2 cores
     # (docs/benchmarks.md, "How the two cores are shared"), one prefill thread served 1.06x

@@ -155,10 +155,17 @@ def check_engine_threads(model: Any) -> None:
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "gguf")
 
 
+# the prefill side's: "auto", float32 (XLA's products, exact) or XLA's bfloat16 products
+PREFILL_WEIGHT_FORMATS = ("auto", "float32", "bfloat16-xla")
+
+
 def check_weight_format(model: Any) -> None:
-    """The decode side's weight form, at load: a bad one would only show as a failed worker."""
+    """Each side's weight form, at load: a bad one would only show as a failed worker."""
     if model.weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"[model] weight_format must be one of {', '.join(WEIGHT_FORMATS)}")
+    if model.prefill_weight_format not in PREFILL_WEIGHT_FORMATS:
+        raise ValueError("[model] prefill_weight_format must be one of "
+                         f"{', '.join(PREFILL_WEIGHT_FORMATS)}")  # fmt: skip
 
 
 def check_prefix_cache(model: Any) -> None:

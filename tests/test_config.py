@@ -75,7 +75,8 @@ def test_batching_keys_reach_children_and_the_engine_options():
     decode = {"decode_steps": (8,), "decode_steps_max_live": 3, "weight_format": "int8"}
     assert batching_options(model, "decode") == decode
     # counts up to the slots (or to a call of 16-token prompts within the budget)
-    prefill = {"prefill_counts": (1, 2, 4), "prefill_batch_tokens": 128}
+    prefill = {"prefill_counts": (1, 2, 4), "prefill_batch_tokens": 128,
+               "prefill_weight_format": "float32"}  # fmt: skip
     assert batching_options(model, "prefill") == prefill
     assert batching_options(model, None) == {**prefill, **decode}  # benchmarks: both
     alone = config_from_dict({"model": {"prefill_batch_tokens": 0},
@@ -105,6 +106,53 @@ def test_the_weight_formats_are_the_engines_own():
 def test_a_weight_format_is_checked_at_load(fmt):
     with pytest.raises(ValueError, match="weight_format must be one of auto, float32"):
         config_from_dict({"model": {"weight_format": fmt}, "cluster": {"run_dir": "/x"}})
+
+
+def test_the_prefill_weight_formats_are_the_engines_own():
+    from splitserve.config_checks import PREFILL_WEIGHT_FORMATS
+    from splitserve.engine.quant import BF16_XLA
+
+    assert set(PREFILL_WEIGHT_FORMATS) == {"auto", "float32", BF16_XLA}
+    # exact by default: bfloat16 products change some answers (docs/benchmarks.md)
+    model = config_from_dict({"cluster": {"run_dir": "/x"}}).model
+    assert model.prefill_weight_format == "float32"
+    raw = {"model": {"prefill_weight_format": BF16_XLA}, "cluster": {"run_dir": "/x"}}
+    assert config_from_dict(config_to_dict(config_from_dict(raw))).model.prefill_weight_format \
+        == BF16_XLA
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "gguf", "", 16, "BFLOAT16-XLA"])
+def test_a_prefill_weight_format_is_checked_at_load(fmt):
+    with pytest.raises(ValueError, match="prefill_weight_format must be one of auto, float32, "
+                                         "bfloat16-xla"):  # fmt: skip
+        config_from_dict({"model": {"prefill_weight_format": fmt}, "cluster": {"run_dir": "/x"}})
+
+
+@pytest.mark.parametrize("flags, want", [
+    ({"avx2", "avx512f", "amx_tile", "amx_bf16", "amx_int8"}, "bfloat16-xla"),
+    ({"avx2", "avx512f", "avx512_bf16"}, "float32"),  # no matrix units: not measured faster
+    ({"avx2", "amx_bf16"}, "float32"),  # a tile flag without the tiles: not usable
+    (set(), "float32"),
+])  # fmt: skip
+def test_auto_prefill_weights_follow_the_cpus_bfloat16_matrix_units(flags, want):
+    from splitserve.engine import prefill_weight_format
+
+    auto = config_from_dict({"model": {"prefill_weight_format": "auto"},
+                             "cluster": {"run_dir": "/x"}}).model  # fmt: skip
+    assert prefill_weight_format(auto, frozenset(flags)) == want
+    fixed = config_from_dict({"model": {"prefill_weight_format": "float32"},
+                              "cluster": {"run_dir": "/x"}}).model  # fmt: skip
+    assert prefill_weight_format(fixed, frozenset(flags)) == "float32"
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    from splitserve.engine.cpu_features import cpu_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 amx_bf16 amx_tile\n\n"
+                    "processor\t: 1\nflags\t\t: fpu\n")  # fmt: skip
+    assert cpu_flags(str(info)) == {"fpu", "avx2", "amx_bf16", "amx_tile"}
+    assert cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
 def test_well_formed_endpoints_are_accepted():

@@ -34,7 +34,9 @@ side as rows in the native kernel, on the prefill side for XLA: quant.side_form)
 quantized form for the native kernel; prefill may use another (`prefill_weight_format`).
 "auto" (the default) keeps a GGUF file's own Q8_0/Q4_0/Q4_1 blocks (exact, and the fastest
 measured) and float32 for any other checkpoint (int8 and bfloat16 round its weights: opt-in);
-prefill defaults to float32.
+prefill defaults to float32, and may take XLA's bfloat16 products instead (quant.BF16_XLA:
+weights and activations rounded, float32 sums), which CPUs with bfloat16 matrix units run
+several times as fast.
 Every program is compiled ahead of time (`warmup`, jax_compile.py) and kept as an executable,
 so no step ever pays a compile after the worker says Ready; with an `executable_dir` they are
 stored there too, and a restart loads them instead of compiling (executables.py). Only the

@@ -103,8 +103,8 @@ def prepare_params(
     head_native = native.get("head")
     head_q = quant.device_matrix(weights, lambda: [head_of()], head_native and [head_native],
                                  dtype)  # fmt: skip
-    if isinstance(head_q, quant.QMatrix):
-        head_blocks = [head_q]  # the kernel takes a wide matrix in one call
+    if isinstance(head_q, quant.QMatrix | quant.Bf16Products):
+        head_blocks = [head_q]  # the kernel (and XLA in bfloat16) take a wide matrix in one call
     else:
         head = head_of()
         # A large vocabulary is split into column blocks: XLA's CPU matmul slows down several
@@ -168,6 +168,8 @@ def _matmul(x, w, rows=None):
     widened first: CPUs without bfloat16 arithmetic multiply float32 far faster."""
     if isinstance(w, quant.QMatrix):
         return quant.matmul(x, w, rows)
+    if isinstance(w, quant.Bf16Products):
+        return quant.bf16_products(x, w)
     return jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
 
 

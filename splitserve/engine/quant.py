@@ -194,10 +194,16 @@ class QMatrix:
 #   gguf      the GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks where it has them, exact;
 #             float32 for every other matrix
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "gguf")
+# The prefill side may also take "bfloat16-xla": the weights rounded to bfloat16 and multiplied
+# by XLA with the activations rounded too, sums in float32. On a CPU with bfloat16 matrix units
+# (AMX) that runs a prompt's products 4.5x as fast as float32 (docs/benchmarks.md, "Prefill in
+# bfloat16"); the decode side's few rows a step gain nothing from it.
+BF16_XLA = "bfloat16-xla"
+PREFILL_FORMATS = (*WEIGHT_FORMATS, BF16_XLA)
 # The forms prepare_params builds: a weight format on one side. "float32-rows" is float32 in the
 # kernel's rows, the decode side's float32 where the kernel is built.
 FLOAT32_ROWS = "float32-rows"
-FORMS = (*WEIGHT_FORMATS, FLOAT32_ROWS)
+FORMS = (*PREFILL_FORMATS, FLOAT32_ROWS)
 _FROM_FLOAT = {"bfloat16": "bf16", "int8": "q8_0", FLOAT32_ROWS: "f32"}
 
 
@@ -212,8 +218,9 @@ def side_form(weights: str, decode: bool, dtype=np.float32, batch: int = 1,
     than XLA's matmul (default model, a whole step: 0.70x the time at 1 live row, 0.66x at 4,
     0.91x at 16; the 7M checkpoint 0.84x at 16 but 1.16x at 64); prefill multiplies many rows,
     where XLA's matmul is faster. Weights of another dtype stay XLA's."""
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"weights {weights!r}: one of {WEIGHT_FORMATS}")
+    allowed = WEIGHT_FORMATS if decode else PREFILL_FORMATS
+    if weights not in allowed:
+        raise ValueError(f"weights {weights!r}: one of {allowed}")
     rows = decode and batch <= rows_max_batch and np.dtype(dtype) == np.float32
     if weights == "float32" and rows and qkernel.available():
         return FLOAT32_ROWS
@@ -229,6 +236,10 @@ def device_matrix(weights: str, parts: Callable[[], list[np.ndarray]], native: l
     only when they are needed (a GGUF file's own blocks need no float32 copy)."""
     if weights not in FORMS:
         raise ValueError(f"weights {weights!r}: one of {FORMS}")
+    if weights == BF16_XLA:
+        floats = parts()
+        fused = floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
+        return Bf16Products(jax.numpy.asarray(fused, jax.numpy.bfloat16))
     own = native and all(q is not None for q in native) and len({q.fmt for q in native}) == 1
     k = native[0].shape[1] if own else parts()[0].shape[0]
     if weights != "float32" and k % BLOCK == 0 and qkernel.available():
@@ -241,6 +252,30 @@ def device_matrix(weights: str, parts: Callable[[], list[np.ndarray]], native: l
     floats = parts()
     fused = floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
     return jax.numpy.asarray(fused, dtype)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclass(frozen=True)
+class Bf16Products:
+    """A matrix [K, N] in bfloat16 that XLA multiplies in bfloat16 (float32 sums): the form
+    BF16_XLA names. A wrapper rather than a bare bfloat16 array, which the engine widens to
+    float32 before multiplying (param_dtype: CPUs without bfloat16 units multiply float32
+    faster)."""
+
+    w: jax.Array
+
+    def tree_flatten(self):
+        return (self.w,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, arrays):
+        return cls(*arrays)
+
+
+def bf16_products(x, m: Bf16Products):
+    """x [..., K] float32 -> [..., N] float32: x rounded to bfloat16, float32 sums."""
+    return jax.numpy.dot(x.astype(jax.numpy.bfloat16), m.w,
+                         preferred_element_type=jax.numpy.float32)  # fmt: skip
 
 
 def matmul(x, m: QMatrix, rows=None):

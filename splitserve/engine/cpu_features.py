@@ -1,0 +1,24 @@
+"""What the CPU can multiply fast, read from the kernel's view of it (/proc/cpuinfo on Linux):
+the engine picks a weight form from it once, when a worker starts."""
+
+from __future__ import annotations
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first processor's feature flags; empty where the file is missing (not Linux)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def has_bf16_matrix_units(flags: frozenset[str]) -> bool:
+    """Intel AMX's bfloat16 tiles: XLA's bfloat16 products run on them (jaxlib 0.10's YNNPACK),
+    4.5x float32's speed on a prompt's [tokens, hidden] products (docs/benchmarks.md). AVX-512
+    BF16 alone was not measured, and without either, bfloat16 products are emulated."""
+    return "amx_bf16" in flags and "amx_tile" in flags

@@ -1,0 +1,132 @@
+"""The prefill side in XLA's bfloat16 products ([model] prefill_weight_format = "bfloat16-xla"):
+every matrix of the prompt pass is held in bfloat16 and multiplied in it (float32 sums), the
+decode side keeps its own form, and the prompt's first log-probabilities and KV stay within the
+stated tolerance of float32's; a batch of prompts gives what each gives alone."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from splitserve.engine import quant
+from splitserve.engine.interface import SamplingParams
+from splitserve.engine.jax_engine import build_jax_engine
+from splitserve.engine.quant import BF16_XLA, Bf16Products
+
+MAX_SEQ = 64
+# bfloat16 keeps 8 bits of a value: each product's inputs are within 2^-9 of float32's, and the
+# test model's 2 layers compound that into a KV within 3% of its largest value (measured: at
+# most 1.1% over these prompts) and a first log-probability within 0.05 (measured: 0.013)
+KV_TOLERANCE = 0.03
+LOGPROB_TOLERANCE = 0.05
+
+
+def _engine(fmt: str):
+    return build_jax_engine("random:test-tiny:5", 2, MAX_SEQ, prefill_buckets=(16, 32, 64),
+                            decode_buckets=(MAX_SEQ,), prefill_counts=(1, 2, 4),
+                            prefill_batch_tokens=64, prefill_weight_format=fmt)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bf16():
+    return _engine(BF16_XLA)
+
+
+@pytest.fixture(scope="module")
+def f32():
+    return _engine("float32")
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(1, 512, n)]
+
+
+def _matrices(params) -> list:
+    leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, Bf16Products))
+    return [leaf for leaf in leaves if isinstance(leaf, Bf16Products | quant.QMatrix)]
+
+
+def test_every_prefill_matrix_is_bfloat16_and_decode_keeps_its_own(bf16):
+    layers = bf16.params["layers"]
+    for layer in layers:
+        for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+            assert isinstance(layer[name], Bf16Products)
+            assert layer[name].w.dtype == jax.numpy.bfloat16
+    assert [type(h) for h in bf16.params["head"]] == [Bf16Products]
+    assert bf16.params["embed"].dtype == jax.numpy.float32  # looked up, not multiplied
+    assert not any(isinstance(m, Bf16Products) for m in _matrices(bf16.decode_params))
+
+
+def _dot_operand_types(hlo: str) -> list[tuple[str, str, str]]:
+    """(result, lhs, rhs) element types of every dot in an optimized HLO module, looked up
+    among the names each computation defines (a fused dot's operands are its parameters)."""
+    found = []
+    for body in re.split(r"\n(?=\S)", hlo):  # one chunk per computation
+        types = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", body))
+        for out, lhs, rhs in re.findall(r"= (\w+)\[[^\n]*? dot\(%([\w.\-]+), %([\w.\-]+)\)", body):
+            found.append((out, types.get(lhs, "?"), types.get(rhs, "?")))
+    return found
+
+
+def test_the_compiled_prompt_pass_multiplies_in_bfloat16(bf16, f32):
+    dots = _dot_operand_types(bf16._obtain(("prefill", 1, 16))[0].as_text())
+    # each layer's four products with a weight matrix take bfloat16 operands, float32 results
+    in_bf16 = [d for d in dots if d[1:] == ("bf16", "bf16")]
+    assert len(in_bf16) >= 4 * bf16.cfg.layers, dots
+    assert all(out == "f32" for out, _, _ in in_bf16)
+    # and the float32 engine's none (the parse sees them: its dots are float32)
+    dots32 = _dot_operand_types(f32._obtain(("prefill", 1, 16))[0].as_text())
+    assert len(dots32) >= 4 * f32.cfg.layers
+    assert not [d for d in dots32 if "bf16" in d]
+
+
+def test_bfloat16_prefill_is_within_tolerance_of_float32(bf16, f32):
+    kv_err, lp_err, same = 0.0, 0.0, 0
+    lengths = [3, 9, 16, 30, 41, 64]
+    for i, n in enumerate(lengths):
+        prompt = _prompt(100 + i, n)
+        got, want = bf16.prefill(prompt, SamplingParams()), f32.prefill(prompt, SamplingParams())
+        assert got.length == want.length == n
+        same += got.first_token == want.first_token
+        lp_err = max(lp_err, abs(got.first_logprob - want.first_logprob))
+        for a, b in zip(got.kv, want.kv, strict=True):
+            assert a.shape == b.shape
+            kv_err = max(kv_err, float(np.abs(a - b).max() / np.abs(b).max()))
+    assert kv_err <= KV_TOLERANCE and lp_err <= LOGPROB_TOLERANCE, (kv_err, lp_err)
+    assert kv_err > 0  # the products really ran in bfloat16
+    assert same >= len(lengths) - 1  # a near tie may flip a first token; more would not be noise
+
+
+def test_batched_bfloat16_prefill_equals_one_at_a_time(bf16):
+    lengths = [5, 16, 1, 9, 30, 12, 3, 64, 7]
+    prompts = [_prompt(i, n) for i, n in enumerate(lengths)]
+    samplings = [SamplingParams(temperature=0.8, top_k=20, seed=i) if i % 3 else SamplingParams()
+                 for i in range(len(prompts))]  # fmt: skip
+    together = bf16.prefill_batch(prompts, samplings)
+    alone = [bf16.prefill(p, s) for p, s in zip(prompts, samplings, strict=True)]
+    for i, (a, b) in enumerate(zip(alone, together, strict=True)):
+        assert b.first_token == a.first_token, f"prompt {i}"
+        np.testing.assert_allclose(b.first_logprob, a.first_logprob, atol=1e-4)
+        for ka, kb in zip(a.kv, b.kv, strict=True):
+            np.testing.assert_allclose(kb, ka, atol=1e-4 * max(1.0, float(np.abs(ka).max())))
+
+
+def test_the_decode_side_is_float32s_whatever_the_prefill(bf16, f32):
+    """A bfloat16 prompt pass feeds the same decode step as float32's: the one prefix decodes to
+    the same tokens and log-probabilities in either engine."""
+    prefix = bf16.prefill(_prompt(7, 20), SamplingParams())
+
+    def decode(engine):
+        engine.insert(prefix, 0, SamplingParams())
+        try:
+            steps = [engine.generate() for _ in range(6)]
+        finally:
+            engine.free(0)
+        return [int(s.tokens[0]) for s in steps], [float(s.logprobs[0]) for s in steps]
+
+    (got, got_lp), (want, want_lp) = decode(bf16), decode(f32)
+    assert got == want
+    np.testing.assert_allclose(got_lp, want_lp, atol=1e-5)
