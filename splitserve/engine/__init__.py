@@ -57,8 +57,8 @@ def prefill_threads(model: ModelConfig, cpus: int | None = None) -> int:
 def prefill_weight_format(model: ModelConfig, flags: frozenset[str] | None = None) -> str:
     """The prefill side's matrices ([model] prefill_weight_format): "auto" is XLA's bfloat16
     products where the CPU has bfloat16 matrix units (a burst of prompts 2.6x as fast, some
-    answers changed: docs/benchmarks.md, "Prefill in bfloat16"), float32 elsewhere (exact, and
-    faster where bfloat16 products are emulated). `flags`: the CPU's (default: this machine's)."""
+    answers changed: docs/benchmarks.md, "Prefill in bfloat16"), float32 elsewhere (exact;
+    bfloat16 without such units was not measured). `flags`: the CPU's (default: this one's)."""
     if model.prefill_weight_format != "auto":
         return model.prefill_weight_format
     from splitserve.engine.cpu_features import cpu_flags, has_bf16_matrix_units
