@@ -134,12 +134,14 @@ def test_a_prefill_weight_format_is_checked_at_load(fmt):
     ({"avx2", "amx_bf16"}, "float32"),  # a tile flag without the tiles: not usable
     (set(), "float32"),
 ])  # fmt: skip
-def test_auto_prefill_weights_follow_the_cpus_bfloat16_matrix_units(flags, want):
+def test_auto_prefill_weights_follow_the_cpus_bfloat16_matrix_units(flags, want, caplog):
     from splitserve.engine import prefill_weight_format
 
     auto = config_from_dict({"model": {"prefill_weight_format": "auto"},
                              "cluster": {"run_dir": "/x"}}).model  # fmt: skip
-    assert prefill_weight_format(auto, frozenset(flags)) == want
+    with caplog.at_level("INFO", logger="splitserve.engine"):
+        assert prefill_weight_format(auto, frozenset(flags)) == want
+    assert f'prefill_weight_format "auto": {want}' in caplog.text  # the operator sees the pick
     fixed = config_from_dict({"model": {"prefill_weight_format": "float32"},
                               "cluster": {"run_dir": "/x"}}).model  # fmt: skip
     assert prefill_weight_format(fixed, frozenset(flags)) == "float32"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from splitserve.config import ModelConfig
 from splitserve.engine.buckets import length_buckets
 from splitserve.engine.interface import Engine
+
+log = logging.getLogger(__name__)
 
 
 def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -> Engine:
@@ -63,8 +66,12 @@ def prefill_weight_format(model: ModelConfig, flags: frozenset[str] | None = Non
         return model.prefill_weight_format
     from splitserve.engine.cpu_features import cpu_flags, has_bf16_matrix_units
 
-    return "bfloat16-xla" if has_bf16_matrix_units(cpu_flags() if flags is None else flags) \
-        else "float32"
+    units = has_bf16_matrix_units(cpu_flags() if flags is None else flags)
+    chosen = "bfloat16-xla" if units else "float32"
+    # the operator sees what "auto" became on this host (answers differ between the two)
+    log.info('prefill_weight_format "auto": %s (the CPU %s bfloat16 matrix units)', chosen,
+             "has" if units else "has no")  # fmt: skip
+    return chosen
 
 
 def batching_options(model: ModelConfig, role: str | None) -> dict:
