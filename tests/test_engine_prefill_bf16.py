@@ -11,7 +11,6 @@ import jax
 import numpy as np
 import pytest
 
-from splitserve.engine import quant
 from splitserve.engine.cpu_features import cpu_flags, has_bf16_matrix_units
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
@@ -46,9 +45,9 @@ def _prompt(seed: int, n: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(1, 512, n)]
 
 
-def _matrices(params) -> list:
+def _bf16_matrices(params) -> list[Bf16Products]:
     leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, Bf16Products))
-    return [leaf for leaf in leaves if isinstance(leaf, Bf16Products | quant.QMatrix)]
+    return [leaf for leaf in leaves if isinstance(leaf, Bf16Products)]
 
 
 def test_every_prefill_matrix_is_bfloat16_and_decode_keeps_its_own(bf16):
@@ -59,7 +58,8 @@ def test_every_prefill_matrix_is_bfloat16_and_decode_keeps_its_own(bf16):
             assert layer[name].w.dtype == jax.numpy.bfloat16
     assert [type(h) for h in bf16.params["head"]] == [Bf16Products]
     assert bf16.params["embed"].dtype == jax.numpy.float32  # looked up, not multiplied
-    assert not any(isinstance(m, Bf16Products) for m in _matrices(bf16.decode_params))
+    assert len(_bf16_matrices(bf16.params)) == 4 * bf16.cfg.layers + 1
+    assert _bf16_matrices(bf16.decode_params) == []
 
 
 def _dot_operand_types(hlo: str) -> list[tuple[str, str, str]]:

@@ -164,8 +164,9 @@ def _mlp(cfg: LlamaConfig, lw: dict, x, rows=None):
 def _matmul(x, w, rows=None):
     """x [..., in] float32 @ w [in, out] -> float32. A QMatrix runs in the native kernel
     (quant.py), which with `rows` (a traced count) computes only the leading rows of x and
-    zeroes the rest; XLA's matmul computes them all. Narrower XLA weights (bfloat16) are
-    widened first: CPUs without bfloat16 arithmetic multiply float32 far faster."""
+    zeroes the rest; XLA's matmul computes them all, in bfloat16 for a Bf16Products. Other
+    bfloat16 XLA weights (param_dtype) are widened first: CPUs without bfloat16 arithmetic
+    multiply float32 far faster."""
     if isinstance(w, quant.QMatrix):
         return quant.matmul(x, w, rows)
     if isinstance(w, quant.Bf16Products):

@@ -230,28 +230,28 @@ def side_form(weights: str, decode: bool, dtype=np.float32, batch: int = 1,
 def device_matrix(weights: str, parts: Callable[[], list[np.ndarray]], native: list | None,
                   dtype):  # fmt: skip
     """One compute matrix from its canonical float32 parts [K, N_i] (fused along N), in the
-    form `weights` names (FORMS): a jax array (XLA matmul) or a QMatrix (native kernel). Falls
+    form `weights` names (FORMS): a jax array (XLA matmul), a Bf16Products (XLA's bfloat16
+    products) or a QMatrix (native kernel). Falls
     back to the jax array when the kernel is missing, K is not a multiple of 32, or (gguf) some
     part is not one of the file's native blocks. `parts` is a function returning them, called
     only when they are needed (a GGUF file's own blocks need no float32 copy)."""
     if weights not in FORMS:
         raise ValueError(f"weights {weights!r}: one of {FORMS}")
-    if weights == BF16_XLA:
+
+    def fused() -> np.ndarray:
         floats = parts()
-        fused = floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
-        return Bf16Products(jax.numpy.asarray(fused, jax.numpy.bfloat16))
+        return floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
+
+    if weights == BF16_XLA:
+        return Bf16Products(jax.numpy.asarray(fused(), jax.numpy.bfloat16))
     own = native and all(q is not None for q in native) and len({q.fmt for q in native}) == 1
     k = native[0].shape[1] if own else parts()[0].shape[0]
     if weights != "float32" and k % BLOCK == 0 and qkernel.available():
         if weights in _FROM_FLOAT:
-            floats = parts()
-            fused = floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
-            return QMatrix.from_rows(from_float(_FROM_FLOAT[weights], fused))
+            return QMatrix.from_rows(from_float(_FROM_FLOAT[weights], fused()))
         if own:
             return QMatrix.from_rows(native[0] if len(native) == 1 else concat_rows(native))
-    floats = parts()
-    fused = floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
-    return jax.numpy.asarray(fused, dtype)
+    return jax.numpy.asarray(fused(), dtype)
 
 
 @jax.tree_util.register_pytree_node_class
