@@ -106,7 +106,8 @@ class ModelConfig:
     weight_format: str = "auto"
     # the form of the prefill side's matrices, all multiplied by XLA (a prompt's many rows
     # favour it over the native kernel): "float32" (exact: the default), "bfloat16-xla"
-    # (weights and activations rounded to bfloat16, float32 sums: a burst of prompts 2.6x as
+    # (each layer's weights and activations rounded to bfloat16, float32 sums, the head kept
+    # float32 because its one row per prompt misses the matrix units: a burst of prompts 2.6x as
     # fast where the CPU has bfloat16 matrix units, Intel AMX, but 3 of 20 greedy answers of
     # the default model changed), "auto" the second where the CPU has such units, else the
     # first (engine.prefill_weight_format; docs/benchmarks.md, "Prefill in bfloat16").
