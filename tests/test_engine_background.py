@@ -80,3 +80,41 @@ def test_a_process_exiting_inside_a_background_compile_exits_cleanly():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=500)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_process_exiting_while_a_background_program_traces_stops_it_first():
+    """weakref.finalize's exit hook, which JAX's tracing registers after splitserve's import,
+    drops the constants of a trace in flight (the compile then failed: a KeyError on a
+    parameter's Var, logged at every such exit). The background compiles must be stopped
+    before it runs. The script's background thread holds its program until the stop comes,
+    so the thread is there at exit for sure; the hook says whether it still is when weakref's
+    hook runs."""
+    script = textwrap.dedent(f"""
+        import threading, weakref
+        plain_exit = weakref.finalize._exitfunc.__func__
+
+        def exitfunc(cls):
+            alive = sum(t.name == "compile-deferred" for t in threading.enumerate())
+            print("background threads at weakref's exit hook:", alive, flush=True)
+            plain_exit(cls)
+
+        weakref.finalize._exitfunc = classmethod(exitfunc)  # before anything registers it
+        from splitserve.engine.jax_engine import build_jax_engine
+        eng = build_jax_engine(*{ARGS!r}, **{OPTIONS!r})
+        eng.warmup(background=False)
+        real, in_hand = eng._obtain, threading.Event()
+
+        def obtain(key):
+            in_hand.set()
+            assert eng._stop_background.wait(300), "never stopped"
+            return real(key)
+
+        eng._obtain = obtain
+        eng.compile_in_background()
+        assert in_hand.wait(300), "no background compile started"
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=500)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "background threads at weakref's exit hook: 0" in done.stdout, done.stdout
+    assert "after warm-up failed" not in done.stderr, done.stderr[-3000:]

@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 
 # This process's background compiles, each (stop event, thread): a daemon thread killed inside
 # an XLA compile at interpreter exit aborts the process (C++ terminate, exit status 134), so at
-# exit each is stopped after the program it is compiling (registered after JAX's own exit
-# handlers, it runs before them).
+# exit each is stopped after the program it is compiling. The hook must run before JAX's own
+# exit handlers and before weakref.finalize's, which JAX's tracing registers later than this
+# module's import and which drops the constants of a trace in flight (the compile then failed
+# with a KeyError on a parameter's Var): compile_in_background registers it again, last.
 _running: set[tuple[threading.Event, threading.Thread]] = set()
 
 
@@ -255,6 +257,9 @@ class CompiledPrograms:
         if not keys:
             return None
         stop = self._stop_background = threading.Event()
+        # atexit runs the newest hook first: this one before weakref.finalize's (see _running)
+        atexit.unregister(_stop_background_compiles)
+        atexit.register(_stop_background_compiles)
 
         def run() -> None:
             # the lowest CPU priority (Linux: per thread): the compiles must not slow the
