@@ -39,6 +39,10 @@ XLA_FFI_Buffer* ffi_ret(XLA_FFI_CallFrame* cf);
    a pool task that starts after the call returned reads nothing freed; such a task finds no
    chunk left and just returns. Chunks partition [0, n) the same way whatever the thread count,
    so results never depend on it. */
+/* The work estimate of a call that shares out however small it is: one whose own gain is nil
+   but which keeps the pool's threads awake for the large call after it (attention.c). */
+#define SHARE_ALWAYS INT64_MAX
+
 typedef void ChunkFn(const void* job, int64_t i0, int64_t i1);
 void parallel_for(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx, int64_t n, int64_t work,
                   ChunkFn* fn, const void* job, int job_size);
