@@ -4,14 +4,15 @@ live slots, steps per dispatch, attention kernel. Prints a markdown table.
     .venv/bin/python bench/engine_steps.py --model default --threads 1 \\
         gguf:1 gguf:4 gguf:16 float32:1 float32:4 float32:16
 
-A variant is FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS]]] (FORMAT a weight format, or xla-float32:
-float32 in XLA's products at every batch, as before the kernel's float32 rows; STEPS per
-dispatch, default 1; ATTENTION
-auto, native or xla; SLOTS default --slots, so LIVE < SLOTS runs a smaller batch bucket: gguf:1
-against gguf:1:1:auto:1 is a 16-slot engine with one live slot against a 1-slot engine). One
-cache capacity (--capacity); LIVE slots hold a --context-token prefix, refilled before each
-round so the attended length stays near it. Rounds alternate the variants (every variant once
-per round, --steps steps each) so that a busy host slows them alike; the table gives the median
+A variant is FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS[:PAGES]]]] (FORMAT a weight format, or
+xla-float32: float32 in XLA's products at every batch, as before the kernel's float32 rows;
+STEPS per dispatch, default 1; ATTENTION auto, native or xla; SLOTS default --slots, so
+LIVE < SLOTS runs a smaller batch bucket: gguf:1 against gguf:1:1:auto:1 is a 16-slot engine
+with one live slot against a 1-slot engine; PAGES huge, the default, or small: the weights
+left on the pages they were placed on; an empty field keeps its default). One cache capacity
+(--capacity); LIVE slots hold a --context-token prefix, refilled before each round so the
+attended length stays near it. Rounds alternate the variants (every variant once per round,
+--steps steps each) so that a busy host slows them alike; the table gives the median
 over rounds of each round's median step (wall and process CPU time), each as a ratio to the
 first variant. On a shared host compare ratios from one run, not absolute times across runs.
 """
@@ -27,13 +28,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def parse_variant(text: str, slots: int) -> tuple[str, int, int, str, int]:
+def parse_variant(text: str, slots: int) -> tuple[str, int, int, str, int, bool]:
     parts = text.split(":")
-    if not 2 <= len(parts) <= 5:
-        raise ValueError(f"variant {text!r}: FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS]]]")
+    if not 2 <= len(parts) <= 6 or (len(parts) == 6 and parts[5] not in ("huge", "small")):
+        raise ValueError(f"variant {text!r}: FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS[:PAGES]]]]")
     steps = int(parts[2]) if len(parts) > 2 else 1
-    attention = parts[3] if len(parts) > 3 else "auto"
-    return parts[0], int(parts[1]), steps, attention, int(parts[4]) if len(parts) > 4 else slots
+    attention = parts[3] if len(parts) > 3 and parts[3] else "auto"
+    slots = int(parts[4]) if len(parts) > 4 and parts[4] else slots
+    return parts[0], int(parts[1]), steps, attention, slots, parts[5:] != ["small"]
 
 
 XLA_FLOAT32 = "xla-float32"
@@ -41,7 +43,7 @@ XLA_FLOAT32 = "xla-float32"
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("variants", nargs="+", help="FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS]]]")
+    ap.add_argument("variants", nargs="+", help="FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS[:PAGES]]]]")
     ap.add_argument("--model", default="default")
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--capacity", type=int, default=256)
@@ -68,14 +70,14 @@ def main(argv: list[str] | None = None) -> None:
     prompt = [int(t) for t in rng.integers(3, cfg.vocab_size, args.context)]
     runs = {}
     for text in args.variants:
-        fmt, live, steps, attention, slots = parse_variant(text, args.slots)
+        fmt, live, steps, attention, slots, huge_pages = parse_variant(text, args.slots)
         t = time.perf_counter()
         xla = fmt == XLA_FLOAT32  # float32 with no kernel rows at any batch
         engine = JaxEngine(
             cfg, weights, slots, args.capacity, prefill_buckets=(args.capacity,),
             decode_buckets=(args.capacity,), weight_format="float32" if xla else fmt,
             float32_rows_max_batch=0 if xla else quant.ROWS_MAX_BATCH, native=native,
-            decode_steps=(steps,), attention=attention,
+            decode_steps=(steps,), attention=attention, huge_pages=huge_pages,
         )
         prefix = engine.prefill(prompt, greedy)
         runs[text] = (engine, prefix, live, steps)

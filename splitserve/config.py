@@ -18,6 +18,7 @@ A cluster file (all sections optional):
     prefill_cpu_threads = "auto"  # the prefill engine's (0: one per CPU; auto: half the CPUs)
     weight_format = "auto"      # decode's matrices: auto, float32, bfloat16, int8 or gguf
     prefill_weight_format = "float32"  # prefill's: float32, bfloat16-xla or auto
+    huge_pages = true           # move the engines' weights onto 2 MiB pages (Linux 6.1+)
 
     [cluster]
     mode = "processes"          # or "threads"
@@ -137,6 +138,10 @@ class ModelConfig:
     # each k-step program costs a cold start about 6 s of compiling. Warm-up compiles the
     # k-step programs only for the batch buckets up to this count.
     decode_steps_max_live: int = 0
+    # the engines' weights moved onto 2 MiB pages once placed (engine/huge_pages.py): a decode
+    # step streams them all, and fewer page translations make that faster; off, they stay on
+    # the pages the allocator gave them
+    huge_pages: bool = True
     # prefix reuse (splitserve/prefix_cache.py): the prefill worker keeps KV blocks of
     # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its
     # longest cached block run does not cover

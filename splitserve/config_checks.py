@@ -135,6 +135,8 @@ def check_engine_batching(model: Any) -> None:
     live = model.decode_steps_max_live
     if type(live) is not int or not 0 <= live <= 1 << 16:  # 0 or above num_slots: every batch
         raise ValueError("[model] decode_steps_max_live must be a count of live slots (0: any)")
+    if not isinstance(model.huge_pages, bool):
+        raise ValueError("[model] huge_pages must be true or false")
 
 
 def check_engine_threads(model: Any) -> None:

@@ -88,9 +88,10 @@ def test_batching_keys_reach_children_and_the_engine_options():
                                    {"prefill_batch_tokens": "256"}, {"decode_steps": 0},
                                    {"decode_steps": 33}, {"decode_steps": True},
                                    {"decode_steps_max_live": -1},
-                                   {"decode_steps_max_live": 2.0}])  # fmt: skip
+                                   {"decode_steps_max_live": 2.0}, {"huge_pages": "yes"},
+                                   {"huge_pages": 1}])  # fmt: skip
 def test_batching_keys_are_checked_at_load(model):
-    with pytest.raises(ValueError, match="prefill_batch_tokens|decode_steps"):
+    with pytest.raises(ValueError, match="prefill_batch_tokens|decode_steps|huge_pages"):
         config_from_dict({"model": model, "cluster": {"run_dir": "/x"}})
 
 

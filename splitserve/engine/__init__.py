@@ -43,6 +43,7 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -
         prefix_reuse=model.prefix_cache and role == "prefill",
         executable_dir=executables,
         sides=(role,) if role else ("prefill", "decode"),
+        huge_pages=model.huge_pages,
         **batching_options(model, role),
     )  # fmt: skip
 

@@ -68,6 +68,7 @@ from splitserve.engine.buckets import (
 )
 from splitserve.engine.control_rows import ControlRows
 from splitserve.engine.executables import ExecutableStore
+from splitserve.engine.huge_pages import collapse as collapse_onto_huge_pages
 from splitserve.engine.interface import (
     Engine,
     LogitsControls,
@@ -118,6 +119,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         prefix_reuse: bool = False,
         executable_dir: str | None = None,
         sides: Sequence[str] = ("prefill", "decode"),
+        huge_pages: bool = True,
     ):
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(
@@ -190,6 +192,8 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
             prefill_form = form_of[self.batch_buckets[-1]]
         prepare = partial(llama_model.prepare_params, cfg, weights, param_dtype, native=native)
         built = {f: prepare(weights=f) for f in dict.fromkeys([*form_of.values(), prefill_form])}
+        if huge_pages:  # every step streams the weights: fewer page translations (huge_pages.py)
+            collapse_onto_huge_pages(built.values())
         self._decode_params_at = {b: built[f] for b, f in form_of.items()}
         self.decode_params = self._decode_params_at[self.batch_buckets[0]]  # the smallest's
         self.params = built[prefill_form]  # the prefill side's
