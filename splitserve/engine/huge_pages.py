@@ -3,8 +3,8 @@
 A decode step reads every weight once (the float32 default model: 538 MB a step); on 4 KiB
 pages that stream walks through some 130,000 page translations a step, on 2 MiB pages through
 about 270. Linux (6.1 and later) moves a range that is already in memory onto huge pages on
-request (madvise MADV_COLLAPSE), whatever the system's transparent-huge-page mode short of
-"never", so the engine asks for it once its weights are placed. Measured on the KVM host of
+request (madvise MADV_COLLAPSE; madvise(2): independent of the system's transparent-huge-page
+settings), so the engine asks for it once its weights are placed. Measured on the KVM host of
 docs/benchmarks.md ("The one-stream decode step"), engine alone, one process: the step at one
 live row 2% shorter in float32, 5% in the GGUF's blocks, 5% at four live rows in float32;
 served, float32 at one stream, 22.9-23.1 ms a token against 24.0. The move itself costs start-up
