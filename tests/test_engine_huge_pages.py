@@ -3,6 +3,8 @@ that what the kernel says it moved is on huge pages with the values unchanged.""
 
 from __future__ import annotations
 
+import logging
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from splitserve.engine.huge_pages import HUGE_PAGE, collapse, joined, whole_pages
 
 MB = 1 << 20
+NOTHING_MOVED = "the kernel moved nothing (no MADV_COLLAPSE or THP here, or no free 2 MiB page)"
 
 
 def test_only_whole_huge_pages_inside_a_range_are_asked_for():
@@ -53,7 +56,7 @@ def test_what_the_kernel_moves_is_on_huge_pages_with_the_same_values():
     address = weights.unsafe_buffer_pointer()
     moved = collapse([{"w": weights}])
     if not moved:
-        pytest.skip("this kernel keeps the weights on small pages (no MADV_COLLAPSE or no THP)")
+        pytest.skip(NOTHING_MOVED)
     start, length = whole_pages(address, weights.nbytes)
     assert moved == length >= 14 * MB
     assert weights.unsafe_buffer_pointer() == address
@@ -61,3 +64,33 @@ def test_what_the_kernel_moves_is_on_huge_pages_with_the_same_values():
     np.testing.assert_array_equal(np.asarray(weights), host)
     product = np.asarray(weights @ jnp.ones(2048, jnp.float32))
     np.testing.assert_allclose(product, host.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_the_model_setting_reaches_the_engine_weights(huge, caplog):
+    """[model] huge_pages through build_engine, as a worker builds its engine: with it the
+    7M checkpoint's 8 MB embedding is on huge pages and the engine says how much it moved;
+    without it nothing is asked for. (Whether memory is on huge pages without the setting is
+    not for this test to say: the allocator may reuse pages an earlier collapse made huge.)"""
+    from splitserve.config import config_from_dict, config_to_dict
+    from splitserve.engine import build_engine
+
+    probe = jnp.ones((1024, 4096), jnp.float32) + 0  # 16 MiB: can this kernel move memory?
+    if not collapse([probe]):
+        pytest.skip(NOTHING_MOVED)
+    raw = {"model": {"path": "random:tiny-7m", "num_slots": 2, "max_seq_len": 64,
+                     "huge_pages": huge}, "cluster": {"run_dir": "/tmp/x"}}  # fmt: skip
+    model = config_from_dict(config_to_dict(config_from_dict(raw))).model
+    assert model.huge_pages is huge
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="splitserve.engine.huge_pages"):
+        engine = build_engine(model, 8000, role="decode")
+    said = [r.getMessage() for r in caplog.records if r.name == "splitserve.engine.huge_pages"]
+    if not huge:
+        assert said == []
+        return
+    assert len(said) == 1 and said[0].startswith("weights on huge pages:"), said
+    embed = engine.decode_params["embed"]
+    start, length = whole_pages(embed.unsafe_buffer_pointer(), embed.nbytes)
+    assert length >= 4 * MB
+    assert (_huge_kb_at(start) or 0) * 1024 >= HUGE_PAGE

@@ -34,15 +34,15 @@ XLA_FFI_Error* ffi_error(const XLA_FFI_Api* api, const char* msg);
 XLA_FFI_Buffer* ffi_arg(XLA_FFI_CallFrame* cf, int i);
 XLA_FFI_Buffer* ffi_ret(XLA_FFI_CallFrame* cf);
 
+/* The work estimate of a call that shares out however small it is: one whose own gain is nil
+   but which keeps the pool's threads awake for the large call after it (attention.c). */
+#define SHARE_ALWAYS INT64_MAX
+
 /* fn(job, i0, i1) over items [0, n) in chunks, on the calling thread and on XLA's pool when the
    work (an estimate in multiply-adds) is worth a hand-off. `job` is copied (job_size bytes), so
    a pool task that starts after the call returned reads nothing freed; such a task finds no
    chunk left and just returns. Chunks partition [0, n) the same way whatever the thread count,
    so results never depend on it. */
-/* The work estimate of a call that shares out however small it is: one whose own gain is nil
-   but which keeps the pool's threads awake for the large call after it (attention.c). */
-#define SHARE_ALWAYS INT64_MAX
-
 typedef void ChunkFn(const void* job, int64_t i0, int64_t i1);
 void parallel_for(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx, int64_t n, int64_t work,
                   ChunkFn* fn, const void* job, int job_size);
