@@ -1,5 +1,5 @@
 """Build glue for the one native piece: the engine's kernels (splitserve/engine/native: quantized
-matmuls and decode attention),
+matmuls, decode attention and the prompt pass's products on AMX tiles),
 compiled with the C compiler into splitserve/engine/_qmatmul*.so and loaded by
 splitserve/engine/qkernel.py through ctypes and jax.ffi. Everything else is in setup.cfg.
 
@@ -33,6 +33,7 @@ setup(
                 "splitserve/engine/native/qmatmul.c",
                 "splitserve/engine/native/qmatmul_x86.c",
                 "splitserve/engine/native/attention.c",
+                "splitserve/engine/native/amx_matmul.c",
             ],
             include_dirs=["splitserve/engine/native", *INCLUDE],
             depends=[

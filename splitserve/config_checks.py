@@ -158,7 +158,7 @@ WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "gguf")
 
 
 # the prefill side's: "auto", float32 (XLA's products, exact) or XLA's bfloat16 products
-PREFILL_WEIGHT_FORMATS = ("auto", "float32", "bfloat16-xla")
+PREFILL_WEIGHT_FORMATS = ("auto", "float32", "bfloat16-xla", "bfloat16-amx")
 
 
 def check_weight_format(model: Any) -> None:

@@ -59,16 +59,17 @@ def prefill_threads(model: ModelConfig, cpus: int | None = None) -> int:
 
 
 def prefill_weight_format(model: ModelConfig, flags: frozenset[str] | None = None) -> str:
-    """The prefill side's matrices ([model] prefill_weight_format): "auto" is XLA's bfloat16
-    products where the CPU has bfloat16 matrix units (a burst of prompts 2.6x as fast, some
-    answers changed: docs/benchmarks.md, "Prefill in bfloat16"), float32 elsewhere (exact;
-    bfloat16 without such units was not measured). `flags`: the CPU's (default: this one's)."""
+    """The prefill side's matrices ([model] prefill_weight_format): "auto" is bfloat16 products
+    on the AMX tiles where the CPU has them (bfloat16-amx: a burst of prompts 3x as fast as
+    float32, some answers changed: docs/benchmarks.md, "Prefill in bfloat16" and "Prefill on
+    the tiles"; XLA's where the kernel cannot use the tiles), float32 elsewhere (exact; bfloat16
+    without such units was not measured). `flags`: the CPU's (default: this one's)."""
     if model.prefill_weight_format != "auto":
         return model.prefill_weight_format
     from splitserve.engine.cpu_features import cpu_flags, has_bf16_matrix_units
 
     units = has_bf16_matrix_units(cpu_flags() if flags is None else flags)
-    chosen = "bfloat16-xla" if units else "float32"
+    chosen = "bfloat16-amx" if units else "float32"
     # the operator sees what "auto" became on this host (answers differ between the two)
     log.info('prefill_weight_format "auto": %s (the CPU %s bfloat16 matrix units)', chosen,
              "has" if units else "has no")  # fmt: skip

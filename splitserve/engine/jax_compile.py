@@ -80,7 +80,7 @@ class CompiledPrograms:
         leaves = lambda tree: [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree)]  # noqa: E731
         trees = list({id(t): t for t in [*self._decode_params_at.values(), self.params]}.values())
         return repr((self.cfg, self.num_slots, str(self.cache_dtype), self.attention,
-                     self.weight_format, self.prefill_weight_format,
+                     self.prompt_attention, self.weight_format, self.prefill_weight_format,
                      [(jax.tree.structure(t), leaves(t)) for t in trees]))  # fmt: skip
 
     def _program(self, key: tuple):
@@ -118,7 +118,7 @@ class CompiledPrograms:
         spec = jax.ShapeDtypeStruct
         kind = key[0]
         if kind == "prefill":  # ("prefill", count, padded length)
-            fn = jax.jit(partial(prog.prefill_fn, cfg))
+            fn = jax.jit(partial(prog.prefill_fn, cfg, self.prompt_attention))
             return fn, [self.params, spec((key[1], key[2]), i32), spec((key[1],), i32)]
         if kind == "sample":  # ("sample", rows, greedy only)
             rows = key[1]

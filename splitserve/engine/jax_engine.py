@@ -165,6 +165,10 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         if attention == "auto":
             attention = "native" if qkernel.available() else "xla"
         self.attention = attention
+        # a prompt pass's attention in the kernel only where its blocked path runs (AVX-512,
+        # head_dim 64): position by position XLA's batched products are faster
+        fast = qkernel.prompt_attention_fast(cfg.head_dim, cfg.group)
+        self.prompt_attention = "native" if attention == "native" and fast else "xla"
         if weight_format == "auto":  # a GGUF file's own blocks when it has them (exact)
             weight_format = "gguf" if native else "float32"
         # Prefill multiplies many rows at once, where XLA's float32 matmuls beat the kernel

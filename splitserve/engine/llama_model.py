@@ -101,11 +101,11 @@ def prepare_params(
     ]
     head_of = lambda: w["embed"].T if cfg.tie_embeddings else w["head"]  # noqa: E731 [hidden, vocab]
     head_native = native.get("head")
-    # The head of a bfloat16-xla prompt pass stays float32: it multiplies one row per prompt,
-    # which XLA does not hand to the bfloat16 units but widens the whole bfloat16 matrix for,
-    # every call (43 ms of a 16-token prompt's 92 on the Sapphire Rapids host, against 8 ms
-    # for the float32 blocks below).
-    head_form = "float32" if weights == quant.BF16_XLA else weights
+    # The head of a bfloat16 prompt pass (either form) stays float32: it multiplies one row
+    # per prompt, which XLA does not hand to the bfloat16 units but widens the whole bfloat16
+    # matrix for, every call (43 ms of a 16-token prompt's 92 on the Sapphire Rapids host,
+    # against 8 ms for the float32 blocks below).
+    head_form = "float32" if weights in quant.BF16_FORMS else weights
     head_q = quant.device_matrix(head_form, lambda: [head_of()], head_native and [head_native],
                                  dtype)  # fmt: skip
     if isinstance(head_q, quant.QMatrix):
@@ -169,13 +169,16 @@ def _mlp(cfg: LlamaConfig, lw: dict, x, rows=None):
 def _matmul(x, w, rows=None):
     """x [..., in] float32 @ w [in, out] -> float32. A QMatrix runs in the native kernel
     (quant.py), which with `rows` (a traced count) computes only the leading rows of x and
-    zeroes the rest; XLA's matmul computes them all, in bfloat16 for a Bf16Products. Other
+    zeroes the rest; XLA's matmul computes them all, in bfloat16 for a Bf16Products; an
+    AmxProducts runs on the AMX tiles (the same numbers as a Bf16Products). Other
     bfloat16 XLA weights (param_dtype) are widened first: CPUs without bfloat16 arithmetic
     multiply float32 far faster."""
     if isinstance(w, quant.QMatrix):
         return quant.matmul(x, w, rows)
     if isinstance(w, quant.Bf16Products):
         return quant.bf16_products(x, w)
+    if isinstance(w, quant.AmxProducts):
+        return quant.amx_products(x, w)
     return jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
 
 
@@ -214,22 +217,27 @@ def _logits(cfg: LlamaConfig, params: dict, x, rows=None):
     return blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=-1)
 
 
-def prefill_hidden(cfg: LlamaConfig, params: dict, tokens):
+def prefill_hidden(cfg: LlamaConfig, params: dict, tokens, attention: str = "xla"):
     """The prompt pass over one sequence or a batch of them.
 
     tokens: [T] or [N, T] int32 (padded buckets; padding sits after the real tokens, and the
     causal mask keeps it from influencing them). Returns the residual stream x [(N,) T, hidden]
     and the KV cache k, v each [(N,) layers, T, kv_heads, head_dim] float32. The sequences of a
     batch never see each other: every product but the matmuls with weights is per sequence.
+    attention: "xla" (batched products over the KV heads, below) or "native"
+    (native/attention.c: each position reads its sequence's keys up to itself, the query heads
+    left where the QKV product puts them).
     """
     single = tokens.ndim == 1
     tokens = tokens[None] if single else tokens
     n, t = tokens.shape
     kv, g, d = cfg.kv_heads, cfg.group, cfg.head_dim
     x = params["embed"][tokens].astype(jnp.float32)  # [N, T, hidden]
-    cos, sin = rope_angles(cfg, jnp.arange(t))  # [T, D/2]
-    # [G * T(query), T(key)]: the rows of a KV head's group of query heads, one after another
-    causal = jnp.tile(jnp.tril(jnp.ones((t, t), bool)), (g, 1))
+    # [T, D/2], computed while tracing and held as constants: left to XLA, the cosines and
+    # sines were fused into each layer's rotation and computed again there, for every head
+    # (10 of a 160-token prompt's 100 ms in bfloat16, one thread)
+    with jax.ensure_compile_time_eval():
+        cos, sin = rope_angles(cfg, jnp.arange(t))
     scale = 1.0 / np.sqrt(d)
     ks, vs = [], []
     for lw in params["layers"]:
@@ -238,15 +246,11 @@ def prefill_hidden(cfg: LlamaConfig, params: dict, tokens):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ks.append(k)
         vs.append(v)
-        # Heads first, so that both products are plain batched matmuls over the KV heads:
-        # the prefill is 7% faster on CPU at 64 and 128 tokens, 15% at 256, than with einsums
-        # over [T, KV, G, D].
-        qh = q.reshape(n, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(n, kv, g * t, d)
-        scores = jnp.matmul(qh, k.transpose(0, 2, 3, 1)) * scale  # [N, KV, G*T, T]
-        scores = jnp.where(causal, scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1)
-        o = jnp.matmul(probs, v.transpose(0, 2, 1, 3))  # [N, KV, G*T, D]
-        o = o.reshape(n, kv, g, t, d).transpose(0, 3, 1, 2, 4)  # [N, T, KV, G, D]
+        if attention == "native":
+            kt, vt = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # as the decode cache
+            o = qkernel.prompt_attention((q * scale).reshape(n, t, kv, g, d), kt, vt)
+        else:
+            o = _prompt_attention_xla(q, k, v, scale)  # [N, T, KV, G, D]
         x = x + _matmul(o.reshape(n, t, cfg.heads * d), lw["wo"])
         x = x + _mlp(cfg, lw, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))
     k_all, v_all = jnp.stack(ks, axis=1), jnp.stack(vs, axis=1)  # [N, layers, T, KV, D]
@@ -255,16 +259,32 @@ def prefill_hidden(cfg: LlamaConfig, params: dict, tokens):
     return x, k_all, v_all
 
 
+def _prompt_attention_xla(q, k, v, scale):
+    """q [N, T, H, D], k, v [N, T, KV, D] -> [N, T, KV, G, D], causal. Heads first, so that both
+    products are plain batched matmuls over the KV heads: the prefill is 7% faster on CPU at 64
+    and 128 tokens, 15% at 256, than with einsums over [T, KV, G, D]."""
+    n, t, kv, d = k.shape
+    g = q.shape[2] // kv
+    # [G * T(query), T(key)]: the rows of a KV head's group of query heads, one after another
+    causal = jnp.tile(jnp.tril(jnp.ones((t, t), bool)), (g, 1))
+    qh = q.reshape(n, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(n, kv, g * t, d)
+    scores = jnp.matmul(qh, k.transpose(0, 2, 3, 1)) * scale  # [N, KV, G*T, T]
+    scores = jnp.where(causal, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    o = jnp.matmul(probs, v.transpose(0, 2, 1, 3))  # [N, KV, G*T, D]
+    return o.reshape(n, kv, g, t, d).transpose(0, 3, 1, 2, 4)
+
+
 def forward(cfg: LlamaConfig, params: dict, tokens):
     """Logits at every position: tokens [T] -> [T, vocab]. For tests and scoring."""
     x, _, _ = prefill_hidden(cfg, params, tokens)
     return _logits(cfg, params, x)
 
 
-def prefill(cfg: LlamaConfig, params: dict, tokens, lengths):
+def prefill(cfg: LlamaConfig, params: dict, tokens, lengths, attention: str = "xla"):
     """tokens [N, T] (padded), lengths [N] real tokens -> (logits [N, vocab] at each
     sequence's last real token, k, v [N, layers, T, kv_heads, head_dim])."""
-    x, k, v = prefill_hidden(cfg, params, tokens)  # x [N, T, hidden]
+    x, k, v = prefill_hidden(cfg, params, tokens, attention)  # x [N, T, hidden]
     last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [N, hidden]
     return _logits(cfg, params, last), k, v
 

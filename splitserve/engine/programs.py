@@ -22,9 +22,9 @@ TEMP, TOP_P = range(2)
 FLOAT_ROWS = 2
 
 
-def prefill_fn(cfg, params, tokens, lengths):
+def prefill_fn(cfg, attention, params, tokens, lengths):
     """tokens [N, T] padded, lengths [N] -> logits [N, vocab], k, v [N, layers, T, KV, D]."""
-    return llama_model.prefill(cfg, params, tokens, lengths)
+    return llama_model.prefill(cfg, params, tokens, lengths, attention)
 
 
 def sample_fn(greedy_only, logits, ints, floats):

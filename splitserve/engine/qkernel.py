@@ -12,6 +12,10 @@ attention (native/attention.c):
     splitserve_<fmt>_rows(x, ..., rows)   the same for the leading rows[0] rows of x only
                                           (int32 [1]; the rest of y is zero)
     splitserve_attention(q, cache_k, cache_v, lengths) -> out
+    splitserve_prompt_attention(q, kt, v) -> out      a prompt pass's causal attention
+and a prompt pass's products on AMX tiles (native/amx_matmul.c), where `amx_ready()`:
+    splitserve_amx_bf16(x, w) -> y        x: [..., K] bfloat16, w packed (quant.pack_amx);
+                                          y: [..., N] float32
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import jax
 import jax.numpy as jnp
 
 FORMATS = ("q8_0", "q4_1", "bf16", "f32")
-TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), "attention")
+TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), "attention", "prompt_attention",
+           "amx_bf16")
 ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 
 _lock = threading.Lock()
@@ -59,6 +64,9 @@ def _load() -> ctypes.CDLL | None:
             return None
         lib.splitserve_qkernel_set_isa.restype = ctypes.c_int
         lib.splitserve_qkernel_isa.restype = ctypes.c_int
+        lib.splitserve_amx_ready.restype = ctypes.c_int
+        lib.splitserve_prompt_attention_fast.restype = ctypes.c_int
+        lib.splitserve_prompt_attention_fast.argtypes = [ctypes.c_int64, ctypes.c_int64]
         _lib = lib
         return lib
 
@@ -76,6 +84,13 @@ def isa() -> str:
     """The instruction set the kernel uses on this CPU."""
     lib = _load()
     return "none" if lib is None else ISA_NAMES[lib.splitserve_qkernel_isa()]
+
+
+def amx_ready() -> bool:
+    """Whether the kernel runs bfloat16 products on AMX tiles here: the CPU has AMX-BF16, the
+    build knew the instructions, and Linux lets this process use the tiles (asked once)."""
+    lib = _load()
+    return lib is not None and bool(lib.splitserve_amx_ready())
 
 
 def set_isa(name: str) -> str:
@@ -110,6 +125,14 @@ def qmatmul(fmt: str, x, arrays, out_dim: int, rows=None):
     return jax.ffi.ffi_call(f"splitserve_{fmt}_rows", out)(x.astype(jnp.float32), *arrays, rows)
 
 
+def amx_bf16(x, packed, out_dim: int):
+    """x [..., K] bfloat16 @ weights packed for the tiles (quant.pack_amx; K and out_dim the
+    packed sizes, multiples of 32) -> [..., out_dim] float32, float32 sums. Inside jit."""
+    _require()
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], out_dim), jnp.float32)
+    return jax.ffi.ffi_call("splitserve_amx_bf16", out)(x, packed)
+
+
 def attention(q, cache_k, cache_v, lengths):
     """Decode attention of rows [0, n): q [n, KV, G, D] float32 (scaled), cache_k
     [rows, KV, D, C], cache_v [rows, KV, C, D], lengths [n] int32 (positions attended, from 0)
@@ -117,3 +140,20 @@ def attention(q, cache_k, cache_v, lengths):
     _require()
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     return jax.ffi.ffi_call("splitserve_attention", out)(q, cache_k, cache_v, lengths)
+
+
+def prompt_attention_fast(head_dim: int, group: int) -> bool:
+    """Whether prompt_attention runs its blocked path for these heads (AVX-512, head_dim 64, at
+    most 4 query heads per KV head): 3x XLA's batched products there; elsewhere it goes position
+    by position, which is slower than XLA's."""
+    lib = _load()
+    return lib is not None and bool(lib.splitserve_prompt_attention_fast(head_dim, group))
+
+
+def prompt_attention(q, kt, v):
+    """A prompt pass's causal attention: q [N, T, KV, G, D] float32 (scaled), kt [N, KV, D, T]
+    (keys transposed), v [N, KV, T, D] -> [N, T, KV, G, D] float32, position t attending to
+    positions 0..t of its own sequence. Traced inside jit: one custom call."""
+    _require()
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    return jax.ffi.ffi_call("splitserve_prompt_attention", out)(q, kt, v)

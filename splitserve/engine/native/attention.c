@@ -35,12 +35,19 @@
 
 typedef struct {
   int64_t n, KV, G, D, C;
+  int64_t per_cache; /* query rows per cache row: 1 in a decode step, T in a prompt pass */
   const float* q;
   const float* ck;
   const float* cv;
-  const int32_t* lengths;
+  const int32_t* lengths; /* NULL in a prompt pass: row r attends to r % T + 1 positions */
   float* out;
 } Job;
+
+/* The cache row query row r reads, and how many of its positions. */
+static inline int64_t cache_of(const Job* j, int64_t r) { return r / j->per_cache; }
+static inline int64_t length_of(const Job* j, int64_t r) {
+  return j->lengths ? j->lengths[r] : r % j->per_cache + 1;
+}
 
 /* The scores scratch holds G rows of this many floats: the capacity and room for a last block
    of 24 positions written whole (item_avx2); the other paths use the first C of each row. */
@@ -49,10 +56,10 @@ static inline int64_t scores_stride(const Job* j) { return j->C + 24; }
 /* ---- one (row, KV head) item, portable ----------------------------------------------------- */
 
 static void item_scalar(const Job* j, int64_t r, int64_t h, float* s /* [G, C] */) {
-  const int64_t G = j->G, D = j->D, C = j->C, L = j->lengths[r];
+  const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r);
   const float* q = j->q + (r * j->KV + h) * G * D;
-  const float* kt = j->ck + (r * j->KV + h) * D * C;
-  const float* v = j->cv + (r * j->KV + h) * C * D;
+  const float* kt = j->ck + (cache_of(j, r) * j->KV + h) * D * C;
+  const float* v = j->cv + (cache_of(j, r) * j->KV + h) * C * D;
   float* o = j->out + (r * j->KV + h) * G * D;
   for (int64_t g = 0; g < G; ++g) {
     float* sg = s + g * C;
@@ -94,10 +101,10 @@ TARGET_AVX512 static inline __m512 exp_avx512(__m512 x) {
 }
 
 TARGET_AVX512 static void item_avx512(const Job* j, int64_t r, int64_t h, float* s) {
-  const int64_t G = j->G, D = j->D, C = j->C, L = j->lengths[r];
+  const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r);
   const float* q = j->q + (r * j->KV + h) * G * D;
-  const float* kt = j->ck + (r * j->KV + h) * D * C;
-  const float* v = j->cv + (r * j->KV + h) * C * D;
+  const float* kt = j->ck + (cache_of(j, r) * j->KV + h) * D * C;
+  const float* v = j->cv + (cache_of(j, r) * j->KV + h) * C * D;
   float* o = j->out + (r * j->KV + h) * G * D;
   /* scores s[g, c], 16 positions at a time; the tail chunk is masked */
   for (int64_t c0 = 0; c0 < L; c0 += 16) {
@@ -256,10 +263,10 @@ TARGET_AVX2 INLINE void values_avx2(const float* p, int64_t S, const float* v, i
 
 /* One (row, KV head) item in 8 lanes; s is the scratch [G, S] (S = scores_stride). */
 TARGET_AVX2 static void item_avx2(const Job* j, int64_t r, int64_t h, float* s) {
-  const int64_t G = j->G, D = j->D, C = j->C, L = j->lengths[r], S = scores_stride(j);
+  const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r), S = scores_stride(j);
   const float* q = j->q + (r * j->KV + h) * G * D;
-  const float* kt = j->ck + (r * j->KV + h) * D * C;
-  const float* v = j->cv + (r * j->KV + h) * C * D;
+  const float* kt = j->ck + (cache_of(j, r) * j->KV + h) * D * C;
+  const float* v = j->cv + (cache_of(j, r) * j->KV + h) * C * D;
   float* out = j->out + (r * j->KV + h) * G * D;
   /* scores, three query heads and 24 positions a block */
   for (int64_t g0 = 0; g0 < G; g0 += 3) {
@@ -325,6 +332,100 @@ TARGET_AVX2 static void item_avx2(const Job* j, int64_t r, int64_t h, float* s) 
 
 #undef VALUES_DV
 
+/* ---- a prompt pass's attention, AVX-512, D = 64 ----------------------------------------------- */
+
+/* Positions per block: their G query heads share every key load (PQ * G <= 16 accumulators). */
+#define PQ 4
+#define PD 64
+
+/* Positions [t0, t0 + PQ) of sequence n, KV head h, G query heads each (GN: G, a constant where
+   inlined, so the accumulators stay in registers). s: scratch [PQ * GN, T + 16]. Each score is
+   the same sum in the same order as item_avx512's, and so are the softmax and the weighted sum
+   of values: a position's result does not depend on the block it falls in. */
+TARGET_AVX512 INLINE void prompt_block_avx512(const Job* j, int64_t n, int64_t h, int64_t t0,
+                                              float* s, const int GN) {
+  const int64_t T = j->C, KV = j->KV, S = T + 16, np = T - t0 < PQ ? T - t0 : PQ, L = t0 + np;
+  const float* kt = j->ck + (n * KV + h) * PD * T;
+  const float* v = j->cv + (n * KV + h) * T * PD;
+  const float* qp[PQ];
+  float* op[PQ];
+  for (int p = 0; p < PQ; ++p) { /* past the last position: the last one again, not stored */
+    const int64_t t = t0 + (p < np ? p : np - 1);
+    qp[p] = j->q + ((n * T + t) * KV + h) * GN * PD;
+    op[p] = j->out + ((n * T + t) * KV + h) * GN * PD;
+  }
+  for (int64_t c0 = 0; c0 < L; c0 += 16) {
+    const __mmask16 m = L - c0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (L - c0)) - 1);
+    __m512 acc[PQ * GN];
+    for (int r = 0; r < PQ * GN; ++r) acc[r] = _mm512_setzero_ps();
+    for (int d = 0; d < PD; ++d) {
+      const __m512 k = _mm512_maskz_loadu_ps(m, kt + d * T + c0);
+      for (int p = 0; p < PQ; ++p)
+        for (int g = 0; g < GN; ++g)
+          acc[p * GN + g] = _mm512_fmadd_ps(_mm512_set1_ps(qp[p][g * PD + d]), k, acc[p * GN + g]);
+    }
+    for (int r = 0; r < PQ * GN; ++r) _mm512_mask_storeu_ps(s + r * S + c0, m, acc[r]);
+  }
+  for (int p = 0; p < np; ++p) {
+    const int64_t Lp = t0 + p + 1; /* causal: this position reads keys 0..t0 + p */
+    float total[GN];
+    for (int g = 0; g < GN; ++g) {
+      float* sg = s + (p * GN + g) * S;
+      __m512 top = _mm512_set1_ps(-INFINITY);
+      int64_t c = 0;
+      for (; c + 16 <= Lp; c += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sg + c));
+      float t = _mm512_reduce_max_ps(top);
+      for (; c < Lp; ++c) t = sg[c] > t ? sg[c] : t;
+      const __m512 tv = _mm512_set1_ps(t);
+      __m512 sum = _mm512_setzero_ps();
+      for (c = 0; c < Lp; c += 16) {
+        const __mmask16 m = Lp - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Lp - c)) - 1);
+        const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + c), tv));
+        _mm512_mask_storeu_ps(sg + c, m, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+      }
+      total[g] = _mm512_reduce_add_ps(sum);
+    }
+    __m512 acc[GN][4];
+    for (int g = 0; g < GN; ++g)
+      for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < Lp; ++c) {
+      const float* vc = v + c * PD;
+      const __m512 v0 = _mm512_loadu_ps(vc), v1 = _mm512_loadu_ps(vc + 16),
+                   v2 = _mm512_loadu_ps(vc + 32), v3 = _mm512_loadu_ps(vc + 48);
+      for (int g = 0; g < GN; ++g) {
+        const __m512 pg = _mm512_set1_ps(s[(p * GN + g) * S + c]);
+        acc[g][0] = _mm512_fmadd_ps(pg, v0, acc[g][0]);
+        acc[g][1] = _mm512_fmadd_ps(pg, v1, acc[g][1]);
+        acc[g][2] = _mm512_fmadd_ps(pg, v2, acc[g][2]);
+        acc[g][3] = _mm512_fmadd_ps(pg, v3, acc[g][3]);
+      }
+    }
+    for (int g = 0; g < GN; ++g) {
+      const __m512 inv = _mm512_set1_ps(1.0f / total[g]);
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(op[p] + g * PD + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+    }
+  }
+}
+
+/* Blocks [b0, b1) of (sequence, KV head, PQ positions), positions fastest. */
+TARGET_AVX512 static void prompt_blocks_avx512(const void* job, int64_t b0, int64_t b1) {
+  const Job* j = (const Job*)job;
+  const int64_t T = j->C, per_seq = (T + PQ - 1) / PQ;
+  float* s = (float*)malloc(sizeof(float) * (size_t)(PQ * j->G * (T + 16)));
+  if (!s) return; /* checked by the caller's size limits; nothing sensible to do here */
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t nh = b / per_seq, t0 = b % per_seq * PQ, n = nh / j->KV, h = nh % j->KV;
+    switch (j->G) {
+      case 1: prompt_block_avx512(j, n, h, t0, s, 1); break;
+      case 2: prompt_block_avx512(j, n, h, t0, s, 2); break;
+      case 3: prompt_block_avx512(j, n, h, t0, s, 3); break;
+      default: prompt_block_avx512(j, n, h, t0, s, 4); break;
+    }
+  }
+  free(s);
+}
+
 #endif /* SPLITSERVE_X86 */
 
 /* ---- the handler ------------------------------------------------------------------------------ */
@@ -370,6 +471,7 @@ EXPORT XLA_FFI_Error* splitserve_attention(XLA_FFI_CallFrame* cf) {
   j.ck = (const float*)ck->data;
   j.cv = (const float*)cv->data;
   j.lengths = (const int32_t*)len->data;
+  j.per_cache = 1;
   j.out = (float*)out->data;
   for (int64_t r = 0; r < j.n; ++r)
     if (j.lengths[r] < 1 || j.lengths[r] > j.C)
@@ -382,5 +484,81 @@ EXPORT XLA_FFI_Error* splitserve_attention(XLA_FFI_CallFrame* cf) {
      KVM host). Handed out, the heads wake them while the caller works: the whole step at one
      live row 3% shorter in float32, 7-11% in the GGUF's blocks (docs/benchmarks.md). */
   parallel_for(api, cf->ctx, j.n * j.KV, SHARE_ALWAYS, items, &j, sizeof j);
+  return NULL;
+}
+
+#ifdef SPLITSERVE_X86
+static int prompt_fast_path(const Job* j) {
+  return current_isa() == ISA_AVX512 && j->D == PD && j->G <= 4;
+}
+#endif
+
+/* Whether a prompt pass's attention takes the blocked path (prompt_blocks_avx512): elsewhere
+   it runs position by position (items), which XLA's batched products beat (llama_model.py
+   then keeps XLA's). */
+EXPORT int splitserve_prompt_attention_fast(int64_t D, int64_t G) {
+#ifdef SPLITSERVE_X86
+  Job j;
+  j.D = D;
+  j.G = G;
+  return prompt_fast_path(&j);
+#else
+  (void)D;
+  (void)G;
+  return 0;
+#endif
+}
+
+/* A prompt pass's causal attention, T positions of N sequences:
+
+     q     float32 [N, T, KV, G, D]   (already scaled by 1/sqrt(D))
+     kt    float32 [N, KV, D, T]      keys transposed, as the decode cache
+     v     float32 [N, KV, T, D]
+     out   float32 [N, T, KV, G, D]   position t attends to positions 0..t of its sequence
+
+   Each position is a decode item (above) whose cache is its sequence's keys and whose length is
+   t + 1, so q and out keep the layout the QKV product gives and the output product takes: XLA
+   transposed the query heads to the front and back around two batched products, and that,
+   with the masked softmax between them, took about a third of a 160-token bfloat16 prompt's
+   call (docs/benchmarks.md, "Prefill on the tiles"). */
+EXPORT XLA_FFI_Error* splitserve_prompt_attention(XLA_FFI_CallFrame* cf) {
+  XLA_FFI_Error* early;
+  if (ffi_preamble(cf, &early)) return early;
+  const XLA_FFI_Api* api = cf->api;
+  XLA_FFI_Buffer *q = ffi_arg(cf, 0), *kt = ffi_arg(cf, 1), *v = ffi_arg(cf, 2), *out = ffi_ret(cf);
+  if (cf->args.size != 3 || !q || !kt || !v || !out || q->rank != 5 || kt->rank != 4 ||
+      v->rank != 4 || out->rank != 5 || q->dtype != XLA_FFI_DataType_F32 ||
+      kt->dtype != XLA_FFI_DataType_F32 || v->dtype != XLA_FFI_DataType_F32 ||
+      out->dtype != XLA_FFI_DataType_F32)
+    return ffi_error(api, "prompt_attention: q, out float32 rank 5; kt, v float32 rank 4");
+  Job j;
+  const int64_t N = q->dims[0], T = q->dims[1];
+  j.KV = q->dims[2];
+  j.G = q->dims[3];
+  j.D = q->dims[4];
+  j.C = T;
+  j.n = N * T;
+  j.per_cache = T;
+  for (int i = 0; i < 5; ++i)
+    if (out->dims[i] != q->dims[i]) return ffi_error(api, "prompt_attention: out must be q's shape");
+  if (kt->dims[0] != N || kt->dims[1] != j.KV || kt->dims[2] != j.D || kt->dims[3] != T ||
+      v->dims[0] != N || v->dims[1] != j.KV || v->dims[2] != T || v->dims[3] != j.D ||
+      j.G > MAX_G || T < 1)
+    return ffi_error(api, "prompt_attention: shapes do not agree (or more than 16 query heads per KV)");
+  if (j.n == 0) return NULL;
+  j.q = (const float*)q->data;
+  j.ck = (const float*)kt->data;
+  j.cv = (const float*)v->data;
+  j.lengths = NULL;
+  j.out = (float*)out->data;
+  const int64_t work = j.n * j.KV * T * j.G * j.D; /* twice the multiply-adds: causal */
+#ifdef SPLITSERVE_X86
+  if (prompt_fast_path(&j)) {
+    parallel_for(api, cf->ctx, N * j.KV * ((T + PQ - 1) / PQ), work, prompt_blocks_avx512, &j,
+                 sizeof j);
+    return NULL;
+  }
+#endif
+  parallel_for(api, cf->ctx, j.n * j.KV, work, items, &j, sizeof j);
   return NULL;
 }

@@ -1,0 +1,145 @@
+"""The prompt pass's products on the AMX tiles ([model] prefill_weight_format = "bfloat16-amx"):
+the weights packed once in the tiles' order, the kernel's products equal to the exact sums of
+the bfloat16-rounded inputs within float32's rounding, each row the same whatever the batch
+and the threads, and an engine whose prompt pass gives bfloat16-xla's results (the same
+numbers, summed in another order). Where the kernel cannot use the tiles the form is XLA's
+bfloat16 products, and the tests of the tiles themselves are skipped with the reason."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from splitserve.engine import qkernel, quant
+from splitserve.engine.interface import SamplingParams
+from splitserve.engine.jax_engine import build_jax_engine
+
+tiles = pytest.mark.skipif(not qkernel.amx_ready(),
+                           reason="no AMX-BF16 tiles for this process (CPU, build or Linux)")
+MAX_SEQ = 64
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """a rounded to bfloat16 (to nearest even), as float64."""
+    return np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_packing_puts_each_weight_where_the_tiles_read_it():
+    rng = np.random.default_rng(0)
+    k, n = 70, 40  # neither a multiple of 32: padded with zeros
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed = quant.pack_amx(w)
+    assert packed.shape == (64 // 16, 96 // 32, 16, 32) and packed.dtype == np.uint16
+    want = (np.asarray(jnp.asarray(w, jnp.bfloat16)).view(np.uint16))
+    for kk, nn in [(0, 0), (1, 0), (2, 5), (33, 17), (69, 39), (31, 16)]:
+        tile = packed[nn // 16, kk // 32]
+        assert tile[(kk % 32) // 2, (nn % 16) * 2 + kk % 2] == want[kk, nn], (kk, nn)
+    # the padding is zero weights: columns 40..63, inputs 70..95
+    assert not packed[3].any() and not packed[2, :, :, 16:].any()
+    assert not packed[:, 2, 3:, :].any()
+
+
+@tiles
+@pytest.mark.parametrize("lead, k, n", [((1,), 32, 32), ((17,), 576, 960), ((31,), 64, 96),
+                                        ((32,), 64, 64), ((33,), 1536, 576), ((300,), 96, 3072),
+                                        ((2, 45), 70, 40), ((3, 1), 172, 344)])  # fmt: skip
+def test_the_tiles_sum_the_rounded_inputs_exactly_up_to_float32(lead, k, n):
+    rng = np.random.default_rng(k * n)
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    m = quant.AmxProducts(jnp.asarray(quant.pack_amx(w)), n)
+    got = np.asarray(jax.jit(quant.amx_products)(x, m))
+    assert got.shape == (*lead, n) and got.dtype == np.float32
+    exact = _bf16(x) @ _bf16(w)
+    # float32 sums of k products: each within k * 2^-24 of the sum of their magnitudes
+    bound = k * 2.0**-24 * (np.abs(_bf16(x)) @ np.abs(_bf16(w))) + 1e-30
+    assert (np.abs(got - exact) <= bound).all(), float((np.abs(got - exact) / bound).max())
+    theirs = quant.Bf16Products(jnp.asarray(w, jnp.bfloat16))
+    xla = np.asarray(jax.jit(quant.bf16_products)(x, theirs))
+    assert (np.abs(got - xla) <= 2 * bound).all()  # XLA's bfloat16 products: the same numbers
+
+
+@tiles
+def test_a_row_is_the_same_alone_in_a_batch_and_on_any_thread_count():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((100, 576)).astype(np.float32)
+    w = rng.standard_normal((576, 960)).astype(np.float32)
+    m = quant.AmxProducts(jnp.asarray(quant.pack_amx(w)), 960)
+    f = jax.jit(quant.amx_products)
+    full = np.asarray(f(x, m))
+    for lo, hi in [(0, 1), (33, 40), (64, 100), (95, 100)]:
+        np.testing.assert_array_equal(np.asarray(f(x[lo:hi], m)), full[lo:hi])
+    qkernel.set_threads(1)
+    try:
+        np.testing.assert_array_equal(np.asarray(f(x, m)), full)
+    finally:
+        qkernel.set_threads(0)
+
+
+@tiles
+def test_a_wrong_packed_matrix_is_an_error_not_a_crash():
+    x = jnp.ones((4, 64), jnp.bfloat16)
+    packed = jnp.zeros((2, 2, 16, 32), jnp.uint16)  # a [64, 32] matrix
+    with pytest.raises(Exception, match="amx_bf16: K and N multiples of 32"):
+        jax.jit(lambda a, b: qkernel.amx_bf16(a, b, 64))(x, packed).block_until_ready()
+    with pytest.raises(Exception, match="amx_bf16: K and N multiples of 32"):
+        jax.jit(lambda a, b: qkernel.amx_bf16(a, b, 32))(jnp.ones((4, 96), jnp.bfloat16),
+                                                          packed).block_until_ready()  # fmt: skip
+
+
+def _engine(fmt: str):
+    return build_jax_engine("random:test-tiny:5", 2, MAX_SEQ, prefill_buckets=(16, 32, 64),
+                            decode_buckets=(MAX_SEQ,), prefill_counts=(1, 2, 4),
+                            prefill_batch_tokens=64, prefill_weight_format=fmt)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def amx():
+    return _engine(quant.BF16_AMX)
+
+
+@pytest.fixture(scope="module")
+def xla():
+    return _engine(quant.BF16_XLA)
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(1, 512, n)]
+
+
+def test_the_layers_take_the_tiles_form_where_the_kernel_has_them(amx):
+    want = quant.AmxProducts if qkernel.amx_ready() else quant.Bf16Products
+    for layer in amx.params["layers"]:
+        for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+            assert isinstance(layer[name], want), (name, type(layer[name]))
+    assert all(h.dtype == jnp.float32 for h in amx.params["head"])  # one row a prompt
+    leaves = jax.tree_util.tree_leaves(amx.decode_params, is_leaf=lambda x: isinstance(
+        x, (quant.AmxProducts, quant.Bf16Products)))  # fmt: skip
+    assert not any(isinstance(x, (quant.AmxProducts, quant.Bf16Products)) for x in leaves)
+
+
+def test_the_prompt_pass_gives_bfloat16_xlas_results(amx, xla):
+    for i, n in enumerate([1, 3, 9, 16, 30, 41, 64]):
+        prompt = _prompt(200 + i, n)
+        got, want = amx.prefill(prompt, SamplingParams()), xla.prefill(prompt, SamplingParams())
+        assert got.length == want.length == n
+        assert got.first_token == want.first_token, f"prompt {i}"
+        np.testing.assert_allclose(got.first_logprob, want.first_logprob, atol=1e-4)
+        for a, b in zip(got.kv, want.kv, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-4 * max(1.0, float(np.abs(b).max())))
+
+
+def test_batched_prompts_on_the_tiles_equal_one_at_a_time(amx):
+    lengths = [5, 16, 1, 9, 30, 12, 3, 64, 7]
+    prompts = [_prompt(i, n) for i, n in enumerate(lengths)]
+    samplings = [SamplingParams(temperature=0.8, top_k=20, seed=i) if i % 3 else SamplingParams()
+                 for i in range(len(prompts))]  # fmt: skip
+    together = amx.prefill_batch(prompts, samplings)
+    alone = [amx.prefill(p, s) for p, s in zip(prompts, samplings, strict=True)]
+    for i, (a, b) in enumerate(zip(alone, together, strict=True)):
+        assert b.first_token == a.first_token, f"prompt {i}"
+        np.testing.assert_allclose(b.first_logprob, a.first_logprob, atol=1e-5)
+        for ka, kb in zip(a.kv, b.kv, strict=True):
+            np.testing.assert_allclose(kb, ka, atol=1e-5 * max(1.0, float(np.abs(ka).max())))
