@@ -24,6 +24,19 @@ def tokenizer_8000(tmp_path_factory) -> str:
     return build_synthetic_tokenizer(str(tmp_path_factory.mktemp("tok8000")), 8000)
 
 
+@pytest.fixture(params=["avx512", "avx2", "portable"])
+def isa(request):
+    """Each instruction-set path of the native kernels this CPU has (the others skip), put
+    back to the best afterwards."""
+    from splitserve.engine import qkernel
+
+    got = qkernel.set_isa(request.param)
+    if got != request.param:
+        pytest.skip(f"this CPU lacks {request.param}")
+    yield got
+    qkernel.set_isa("avx512")
+
+
 @pytest.fixture(scope="module")
 def client(stack):
     """The openai client of the module's `stack` fixture (tests/http_stack.py)."""

@@ -17,15 +17,6 @@ from splitserve.engine.jax_engine import build_jax_engine
 pytestmark = pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
 
 
-@pytest.fixture(params=["avx512", "avx2", "portable"])
-def isa(request):
-    got = qkernel.set_isa(request.param)
-    if got != request.param:
-        pytest.skip(f"this CPU lacks {request.param}")
-    yield got
-    qkernel.set_isa("avx512")
-
-
 def _native(q, k, v, scale):
     n, t, h, d = q.shape
     kv = k.shape[2]

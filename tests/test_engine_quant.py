@@ -22,16 +22,6 @@ from tests.test_engine_loaders import EPS, HF_NAMES, SHAPE, THETA, llama_cpp_per
 pytestmark = pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
 
 K, N = 96, 40  # K: three blocks of 32
-ISAS = ["avx512", "avx2", "portable"]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    got = qkernel.set_isa(request.param)
-    if got != request.param:
-        pytest.skip(f"this CPU lacks {request.param}")
-    yield got
-    qkernel.set_isa("avx512")  # back to the best the CPU has
 
 
 def _rows(fmt: str, rng) -> quant.QuantRows:

@@ -100,6 +100,24 @@ TARGET_AVX512 static inline __m512 exp_avx512(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+/* sg[0, L) <- exp(sg - max), in place; returns their sum (the softmax's denominator). */
+TARGET_AVX512 static inline float softmax_avx512(float* sg, int64_t L) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  int64_t c = 0;
+  for (; c + 16 <= L; c += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sg + c));
+  float t = _mm512_reduce_max_ps(top);
+  for (; c < L; ++c) t = sg[c] > t ? sg[c] : t;
+  const __m512 tv = _mm512_set1_ps(t);
+  __m512 sum = _mm512_setzero_ps();
+  for (c = 0; c < L; c += 16) {
+    const __mmask16 m = L - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (L - c)) - 1);
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + c), tv));
+    _mm512_mask_storeu_ps(sg + c, m, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
 TARGET_AVX512 static void item_avx512(const Job* j, int64_t r, int64_t h, float* s) {
   const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r);
   const float* q = j->q + (r * j->KV + h) * G * D;
@@ -123,23 +141,7 @@ TARGET_AVX512 static void item_avx512(const Job* j, int64_t r, int64_t h, float*
   }
   /* softmax per query head */
   float total[MAX_G];
-  for (int64_t g = 0; g < G; ++g) {
-    float* sg = s + g * C;
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    int64_t c = 0;
-    for (; c + 16 <= L; c += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sg + c));
-    float t = _mm512_reduce_max_ps(top);
-    for (; c < L; ++c) t = sg[c] > t ? sg[c] : t;
-    const __m512 tv = _mm512_set1_ps(t);
-    __m512 sum = _mm512_setzero_ps();
-    for (c = 0; c < L; c += 16) {
-      const __mmask16 m = L - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (L - c)) - 1);
-      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + c), tv));
-      _mm512_mask_storeu_ps(sg + c, m, e);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
-    }
-    total[g] = _mm512_reduce_add_ps(sum);
-  }
+  for (int64_t g = 0; g < G; ++g) total[g] = softmax_avx512(s + g * C, L);
   /* out[g] = sum_c p[g, c] v[c] / total[g], 64 dims and up to 4 heads at a time */
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     const int64_t dn = D - d0 < 64 ? (D - d0 + 15) / 16 : 4;
@@ -369,23 +371,7 @@ TARGET_AVX512 INLINE void prompt_block_avx512(const Job* j, int64_t n, int64_t h
   for (int p = 0; p < np; ++p) {
     const int64_t Lp = t0 + p + 1; /* causal: this position reads keys 0..t0 + p */
     float total[GN];
-    for (int g = 0; g < GN; ++g) {
-      float* sg = s + (p * GN + g) * S;
-      __m512 top = _mm512_set1_ps(-INFINITY);
-      int64_t c = 0;
-      for (; c + 16 <= Lp; c += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sg + c));
-      float t = _mm512_reduce_max_ps(top);
-      for (; c < Lp; ++c) t = sg[c] > t ? sg[c] : t;
-      const __m512 tv = _mm512_set1_ps(t);
-      __m512 sum = _mm512_setzero_ps();
-      for (c = 0; c < Lp; c += 16) {
-        const __mmask16 m = Lp - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Lp - c)) - 1);
-        const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + c), tv));
-        _mm512_mask_storeu_ps(sg + c, m, e);
-        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
-      }
-      total[g] = _mm512_reduce_add_ps(sum);
-    }
+    for (int g = 0; g < GN; ++g) total[g] = softmax_avx512(s + (p * GN + g) * S, Lp);
     __m512 acc[GN][4];
     for (int g = 0; g < GN; ++g)
       for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_setzero_ps();
