@@ -14,11 +14,10 @@ import pytest
 
 from splitserve.engine import qkernel, quant
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax_engine import build_jax_engine
+from tests.test_engine_prefill_bf16 import _engine, _prompt, check_batch_equals_alone
 
 tiles = pytest.mark.skipif(not qkernel.amx_ready(),
                            reason="no AMX-BF16 tiles for this process (CPU, build or Linux)")
-MAX_SEQ = 64
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:
@@ -89,12 +88,6 @@ def test_a_wrong_packed_matrix_is_an_error_not_a_crash():
                                                           packed).block_until_ready()  # fmt: skip
 
 
-def _engine(fmt: str):
-    return build_jax_engine("random:test-tiny:5", 2, MAX_SEQ, prefill_buckets=(16, 32, 64),
-                            decode_buckets=(MAX_SEQ,), prefill_counts=(1, 2, 4),
-                            prefill_batch_tokens=64, prefill_weight_format=fmt)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def amx():
     return _engine(quant.BF16_AMX)
@@ -103,10 +96,6 @@ def amx():
 @pytest.fixture(scope="module")
 def xla():
     return _engine(quant.BF16_XLA)
-
-
-def _prompt(seed: int, n: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(1, 512, n)]
 
 
 def test_the_layers_take_the_tiles_form_where_the_kernel_has_them(amx):
@@ -132,14 +121,4 @@ def test_the_prompt_pass_gives_bfloat16_xlas_results(amx, xla):
 
 
 def test_batched_prompts_on_the_tiles_equal_one_at_a_time(amx):
-    lengths = [5, 16, 1, 9, 30, 12, 3, 64, 7]
-    prompts = [_prompt(i, n) for i, n in enumerate(lengths)]
-    samplings = [SamplingParams(temperature=0.8, top_k=20, seed=i) if i % 3 else SamplingParams()
-                 for i in range(len(prompts))]  # fmt: skip
-    together = amx.prefill_batch(prompts, samplings)
-    alone = [amx.prefill(p, s) for p, s in zip(prompts, samplings, strict=True)]
-    for i, (a, b) in enumerate(zip(alone, together, strict=True)):
-        assert b.first_token == a.first_token, f"prompt {i}"
-        np.testing.assert_allclose(b.first_logprob, a.first_logprob, atol=1e-5)
-        for ka, kb in zip(a.kv, b.kv, strict=True):
-            np.testing.assert_allclose(kb, ka, atol=1e-5 * max(1.0, float(np.abs(ka).max())))
+    check_batch_equals_alone(amx, 1e-5)

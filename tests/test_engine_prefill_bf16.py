@@ -121,18 +121,24 @@ def test_bfloat16_prefill_is_within_tolerance_of_float32(bf16, f32):
     assert same >= len(lengths) - 1  # a near tie may flip a first token; more would not be noise
 
 
-def test_batched_bfloat16_prefill_equals_one_at_a_time(bf16):
+def check_batch_equals_alone(engine, atol: float) -> None:
+    """A batch of prompts (greedy and seeded) gives each prompt's first token, log-probability
+    and KV as it gives alone, within atol (relative to the largest KV value)."""
     lengths = [5, 16, 1, 9, 30, 12, 3, 64, 7]
     prompts = [_prompt(i, n) for i, n in enumerate(lengths)]
     samplings = [SamplingParams(temperature=0.8, top_k=20, seed=i) if i % 3 else SamplingParams()
                  for i in range(len(prompts))]  # fmt: skip
-    together = bf16.prefill_batch(prompts, samplings)
-    alone = [bf16.prefill(p, s) for p, s in zip(prompts, samplings, strict=True)]
+    together = engine.prefill_batch(prompts, samplings)
+    alone = [engine.prefill(p, s) for p, s in zip(prompts, samplings, strict=True)]
     for i, (a, b) in enumerate(zip(alone, together, strict=True)):
         assert b.first_token == a.first_token, f"prompt {i}"
-        np.testing.assert_allclose(b.first_logprob, a.first_logprob, atol=1e-4)
+        np.testing.assert_allclose(b.first_logprob, a.first_logprob, atol=atol)
         for ka, kb in zip(a.kv, b.kv, strict=True):
-            np.testing.assert_allclose(kb, ka, atol=1e-4 * max(1.0, float(np.abs(ka).max())))
+            np.testing.assert_allclose(kb, ka, atol=atol * max(1.0, float(np.abs(ka).max())))
+
+
+def test_batched_bfloat16_prefill_equals_one_at_a_time(bf16):
+    check_batch_equals_alone(bf16, 1e-4)
 
 
 def test_the_decode_side_is_float32s_whatever_the_prefill(bf16, f32):

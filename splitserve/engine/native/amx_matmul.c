@@ -3,9 +3,9 @@
 
    Why a kernel of our own: XLA hands bfloat16 products to YNNPACK, which runs them on the tiles
    but packs the right-hand matrix on every call, since to XLA the weights are arguments, not
-   constants. For a lone prompt that packing is about half of the products' time (the default
-   model, 160 tokens, one thread: 82 ms of products in a 125 ms call). Here the packing is done
-   once, and a call only streams the packed tiles (docs/benchmarks.md, "Prefill on the tiles").
+   constants. Here the packing is done once, and a call only streams the packed tiles: a lone
+   140-token prompt of the default model spent 67 ms in YNNPACK's products and spends 47 ms
+   here (one thread; docs/benchmarks.md, "Prefill on the tiles").
 
    Layout of the packed weights (quant.pack_amx): [N/16, K/32, 16, 32] uint16, one 1 KiB tile per
    (16 output columns, 32 inputs): tile row r holds, for each of the 16 columns c, the weights of
@@ -38,6 +38,7 @@
 typedef struct {
   int64_t M, K, N;
   const uint16_t* x; /* [M, K] bfloat16 bits */
+  const uint16_t* tail; /* x's last M % 32 rows and zero rows after them: 32 rows, or NULL */
   const uint16_t* w; /* [N/16, K/32, 16, 32] */
   float* y;          /* [M, N] */
 } AmxJob;
@@ -96,25 +97,21 @@ TARGET_AMX static void block(const AmxJob* j, const uint16_t* a, int64_t lda, in
 TARGET_AMX static void columns(const void* job, int64_t c0, int64_t c1) {
   const AmxJob* j = (const AmxJob*)job;
   const int64_t K = j->K, N = j->N, full = j->M / 32 * 32, tail = j->M - full;
-  /* the last rows when M is not a multiple of 32: copied into 32 zero-padded ones, and their
-     results through a 32 x 32 buffer, so no tile reads or writes past x or y */
-  uint16_t* pad = tail ? (uint16_t*)calloc(32 * (size_t)K, sizeof(uint16_t)) : NULL;
+  /* the last rows' results go through a 32 x 32 buffer, so no tile writes past y */
   float out[32 * 32];
-  if (pad) memcpy(pad, j->x + full * K, (size_t)(tail * K) * sizeof(uint16_t));
   configure();
   for (int64_t panel = 0; panel < full; panel += ROWS_PANEL)
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t m = panel; m < full && m < panel + ROWS_PANEL; m += 32)
         block(j, j->x + m * K, K, c * 32, j->y + m * N + c * 32, N);
-  if (pad) {
+  if (tail) {
     for (int64_t c = c0; c < c1; ++c) {
-      block(j, pad, K, c * 32, out, 32);
+      block(j, j->tail, K, c * 32, out, 32);
       for (int64_t r = 0; r < tail; ++r)
         memcpy(j->y + (full + r) * N + c * 32, out + r * 32, 32 * sizeof(float));
     }
   }
   _tile_release();
-  free(pad);
 }
 
 static int cpu_has_amx_bf16(void) {
@@ -178,8 +175,21 @@ EXPORT XLA_FFI_Error* splitserve_amx_bf16(XLA_FFI_CallFrame* cf) {
   j.w = (const uint16_t*)w->data;
   j.y = (float*)y->data;
   if (j.M == 0) return NULL;
+  /* the last rows when M is not a multiple of 32, copied once into 32 zero-padded ones that
+     every column block reads, so no tile reads past x */
+  const int64_t full = j.M / 32 * 32;
+  uint16_t* tail = NULL;
+  if (j.M > full) {
+    tail = (uint16_t*)calloc(32 * (size_t)j.K, sizeof(uint16_t));
+    if (!tail) return ffi_error(api, "amx_bf16: out of memory");
+    memcpy(tail, j.x + full * j.K, (size_t)((j.M - full) * j.K) * sizeof(uint16_t));
+  }
+  j.tail = tail;
 #ifdef SPLITSERVE_AMX
+  /* parallel_for returns once every chunk is done; a pool task that starts later finds none
+     and never reads `tail` */
   parallel_for(api, cf->ctx, j.N / 32, j.M * j.K * j.N / 8, columns, &j, sizeof j);
 #endif
+  free(tail);
   return NULL;
 }
