@@ -107,7 +107,8 @@ class DecodeWorker(WorkerLoop):
         })  # fmt: skip
 
     def warmup(self) -> WorkerInfo:
-        self.engine.warmup(prefill=False, progress=self.startup.compiled)  # this role's side
+        # this role's side; what may compile after Ready waits for the worker to be idle
+        self.engine.warmup(prefill=False, progress=self.startup.compiled, quiet=self.idle)
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, num_slots=self.engine.num_slots)
 
     def loop_once(self) -> None:

@@ -89,7 +89,8 @@ class PrefillWorker(WorkerLoop):
         )
 
     def warmup(self) -> WorkerInfo:
-        self.engine.warmup(decode=False, progress=self.startup.compiled)  # this role's side
+        # this role's side; what may compile after Ready waits for the worker to be idle
+        self.engine.warmup(decode=False, progress=self.startup.compiled, quiet=self.idle)
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, vocab_size=self.engine.vocab_size)
 
     def loop_once(self) -> None:

@@ -5,12 +5,15 @@ fails to compile keeps its stand-in; and a process that exits while one compiles
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
+from splitserve.engine import jax_compile
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
 
@@ -118,3 +121,56 @@ def test_a_process_exiting_while_a_background_program_traces_stops_it_first():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "background threads at weakref's exit hook: 0" in done.stdout, done.stdout
     assert "after warm-up failed" not in done.stderr, done.stderr[-3000:]
+
+
+def test_the_compiles_wait_for_a_quiet_worker_and_keep_its_priority(monkeypatch):
+    """Nothing compiles while quiet() says the worker is busy, however often it is asked; once
+    it says idle (long enough), every program compiles, on a thread at the process's own CPU
+    priority: a lowered one made it hold the GIL while the scheduler passed it over, and the
+    worker's other threads (its heartbeats) waited behind it."""
+    monkeypatch.setattr(jax_compile, "QUIET_BEFORE_COMPILE_S", 0.2)
+    eng = build_jax_engine(*ARGS, **OPTIONS)
+    eng.warmup(background=False)
+    total = eng.multistep_pending
+    idle, polls_while_busy, busy_polls_seen = threading.Event(), threading.Event(), []
+    compiles, priorities = [], []
+    real = eng._obtain
+
+    def quiet() -> bool:
+        if not idle.is_set():
+            busy_polls_seen.append(len(compiles))
+            if len(busy_polls_seen) >= 5:
+                polls_while_busy.set()
+        return idle.is_set()
+
+    def obtain(key):
+        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        compiles.append(key)
+        return real(key)
+
+    eng._obtain = obtain
+    thread = eng.compile_in_background(quiet)
+    assert polls_while_busy.wait(300), "quiet() was never asked"
+    idle.set()
+    thread.join(timeout=500)
+    assert not thread.is_alive()
+    assert busy_polls_seen and set(busy_polls_seen) == {0}  # nothing compiled while busy
+    assert len(compiles) == total and eng.multistep_pending == 0
+    assert set(priorities) == {os.getpriority(os.PRIO_PROCESS, 0)}
+
+
+def test_close_stops_a_wait_for_quiet():
+    eng = build_jax_engine(*ARGS, **OPTIONS)
+    eng.warmup(background=False)
+    total = eng.multistep_pending
+    asked = threading.Event()
+
+    def quiet() -> bool:
+        asked.set()
+        return False
+
+    thread = eng.compile_in_background(quiet)
+    assert asked.wait(300)
+    eng.close()
+    assert not thread.is_alive()
+    assert eng.multistep_pending == total  # nothing compiled: the stand-ins run

@@ -221,7 +221,9 @@ class FakeEngine(Engine):
         self._temperature = np.zeros(num_slots, np.float64)
         self._states: list[_SlotState | None] = [None] * num_slots  # slots beyond the formula
 
-    def warmup(self, prefill: bool = True, decode: bool = True, progress=None) -> None:
+    def warmup(
+        self, prefill: bool = True, decode: bool = True, progress=None, quiet=None
+    ) -> None:
         if prefill:
             self.prefill([1, 2, 3], SamplingParams())
 

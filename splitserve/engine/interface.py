@@ -180,11 +180,14 @@ class Engine(abc.ABC):
     supports_controls: bool = False
 
     @abc.abstractmethod
-    def warmup(self, prefill: bool = True, decode: bool = True, progress=None) -> None:
+    def warmup(
+        self, prefill: bool = True, decode: bool = True, progress=None, quiet=None
+    ) -> None:
         """Compile every shape this engine will run: the prefill buckets (a prefill worker's
         side) and the decode steps (a decode worker's side). progress(key, done, total,
         seconds, source), when given, is told of each program as it is ready (for the start-up
-        log; source says whether it was loaded or compiled)."""
+        log; source says whether it was loaded or compiled). quiet(), when given, says whether
+        the worker is idle: programs an engine may compile after warm-up wait for it."""
 
     @abc.abstractmethod
     def prefill(self, tokens: Sequence[int], sampling: SamplingParams, out_pos: int = 0) -> Prefix:

@@ -7,9 +7,10 @@ warms up, and where each executable comes from.
    and loads without holding the GIL), reporting each one (which, n of N, from where). The
    `deferred_keys` (each has a stand-in: a prefix-cache continuation runs the whole prompt, a
    k-step decode program k single steps) are loaded then only when the store has them; the
-   others compile after Ready on a background thread (`compile_in_background`), and until one
-   is there the stand-in runs: the same tokens, only slower. On a cold start the 4-step
-   decode programs were over half of the default model's decode warm-up.
+   others compile after Ready on a background thread (`compile_in_background`), each once the
+   worker has been idle a moment, and until one is there the stand-in runs: the same tokens,
+   only slower. On a cold start the 4-step decode programs were over half of the default
+   model's decode warm-up.
 3. `_obtain` loads a key's executable from the engine's ExecutableStore when it has one
    (executables.py: no trace, no lowering), else lowers and compiles it from `_lowered`'s
    function and argument specs, with its kind's XLA options (xla_options.py), and stores it
@@ -56,6 +57,29 @@ def _stop_background_compiles() -> None:
         stop.set()
     for _, thread in list(_running):
         thread.join()
+
+# How long the worker must have been idle before a deferred program starts compiling (seconds
+# of a core each): a request that comes meanwhile shares the CPU with that one compile only.
+QUIET_BEFORE_COMPILE_S = 1.0
+QUIET_POLL_S = 0.1
+
+
+def wait_for_quiet(quiet: Callable[[], bool] | None, stop: threading.Event) -> bool:
+    """Wait until quiet() has been true for QUIET_BEFORE_COMPILE_S; False once stop is set."""
+    if quiet is None:
+        return not stop.is_set()
+    since = None
+    while not stop.is_set():
+        now = time.monotonic()
+        if not quiet():
+            since = None
+        elif since is None:
+            since = now
+        elif now - since >= QUIET_BEFORE_COMPILE_S:
+            return True
+        stop.wait(QUIET_POLL_S)
+    return False
+
 
 # How an executable came to be, as the start-up log says it (splitserve/startup_log.py).
 FROM_STORE, COMPILED, NO_STORE = "cache", "compiled", "compiled, no cache"
@@ -214,6 +238,7 @@ class CompiledPrograms:
     def warmup(
         self, prefill: bool = True, decode: bool = True, threads: int | None = None,
         progress: Callable[..., None] | None = None, background: bool = True,
+        quiet: Callable[[], bool] | None = None,
     ):  # fmt: skip
         """Obtain every program but the deferred ones before the worker says Ready (those the
         store has are loaded too; the rest compile in the background, from here, or when
@@ -222,7 +247,8 @@ class CompiledPrograms:
         side.
 
         progress(key, done, total, seconds, source) is called as each program is ready, on
-        the thread that obtained it; source is FROM_STORE, COMPILED or NO_STORE.
+        the thread that obtained it; source is FROM_STORE, COMPILED or NO_STORE. quiet: see
+        compile_in_background.
         """
         later = [k for k in self.deferred_keys(prefill, decode) if k not in self._programs]
         skip = set(later) | set(self._programs)
@@ -248,11 +274,22 @@ class CompiledPrograms:
         self._later = tuple(k for k in later if k not in self._programs)
         self._deferred = self._handed = frozenset(self._later)
         if background:
-            self.compile_in_background()
+            self.compile_in_background(quiet)
 
-    def compile_in_background(self) -> threading.Thread | None:
+    def compile_in_background(
+        self, quiet: Callable[[], bool] | None = None
+    ) -> threading.Thread | None:
         """Compile the deferred programs warm-up left one by one on a daemon thread; the
-        programs dict takes each as it is ready, and a lookup never waits for one."""
+        programs dict takes each as it is ready, and a lookup never waits for one.
+
+        quiet() (the worker's idle(); None: always) is what keeps the compiles off the requests'
+        CPU: each program starts only once quiet() has held for QUIET_BEFORE_COMPILE_S. The
+        thread keeps the process's CPU priority. It used to lower its own to nice 19, but
+        tracing, lowering and parts of every compile hold the GIL, and a thread that holds it
+        while the scheduler passes it over holds up every other thread of the worker: with two
+        busy processes on two cores, a heartbeat thread's 0.25 s sleep ended up to 53 s late
+        behind a nice-19 lowering and 1.9 s behind a nice-19 compile (0.015 s at nice 0), and
+        the router declared a live decode worker dead eight times on a cold start."""
         keys, self._later = self._later, ()
         if not keys:
             return None
@@ -262,15 +299,8 @@ class CompiledPrograms:
         atexit.register(_stop_background_compiles)
 
         def run() -> None:
-            # the lowest CPU priority (Linux: per thread): the compiles must not slow the
-            # requests this worker serves, nor another worker's warm-up on a shared machine
-            # (XLA's own pool threads, which also compile, keep the normal one)
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            except (AttributeError, OSError):
-                pass
             for key in keys:
-                if stop.is_set():  # close(): the rest stay deferred, their stand-ins run
+                if not wait_for_quiet(quiet, stop):  # close(): the rest stay deferred
                     return
                 try:
                     self._programs[key] = self._obtain(key)[0]
