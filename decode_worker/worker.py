@@ -288,14 +288,18 @@ class DecodeWorker(WorkerLoop):
         """Steps for the next dispatch: the configured chunk while nothing needs a step of its
         own (a waiting prefix takes the next free slot; a mask or matcher is per step), at most
         decode_steps_max_live slots are live and every live slot has room in its context for
-        the whole chunk; else one."""
+        the whole chunk, and some live slot may still take the whole chunk's tokens (else
+        each of the chunk's last steps would be computed for nothing: a request asking for
+        two tokens ran four steps); else one."""
         k = self.chunk
         if k == 1 or self.pending or self.constrained.single_steps:
             return 1
-        contexts = [state.context_len for _, state in self.slots.live()]
-        if len(contexts) > self.chunk_live or not self.engine.multi_step_ready(k):
+        live = [state for _, state in self.slots.live()]
+        if len(live) > self.chunk_live or not self.engine.multi_step_ready(k):
             return 1  # (not ready: its program still compiles after a cold warm-up)
-        return k if max(contexts) + k <= self.engine.max_seq_len else 1
+        if max(state.context_len for state in live) + k > self.engine.max_seq_len:
+            return 1
+        return k if max(state.stop.max_tokens - state.next_seq for state in live) >= k else 1
 
     def run_chunk(self, steps: int) -> dict[int, TokenBatch]:
         """engine.generate_many(steps): every step's tokens in one batch per detok worker; a

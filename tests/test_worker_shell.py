@@ -191,6 +191,21 @@ def test_chunks_run_at_any_live_count_by_default(cluster):
     assert worker.chunk_steps() == 4
 
 
+def test_chunks_run_only_while_some_slot_can_take_the_whole_chunk(cluster):
+    """A chunk whose last steps no live request may take is not run: single steps instead (a
+    request for two tokens used to cost four steps)."""
+    worker, _ = cluster(DecodeWorker)
+    k = worker.chunk
+    assert k == 4
+    # next_seq 1 (the first token came from prefill): max_tokens - 1 more tokens to come
+    worker.slots.take(Slot("short", 0, 0, StopCriteria(max_tokens=k), 1, 8))
+    assert worker.chunk_steps() == 1  # k - 1 more at most
+    worker.slots.take(Slot("exact", 0, 0, StopCriteria(max_tokens=k + 1), 1, 8))
+    assert worker.chunk_steps() == k  # this one can take all k
+    worker.slots.release("exact")
+    assert worker.chunk_steps() == 1
+
+
 def prefix_for_detok(worker: DecodeWorker, rid: str, detok: int) -> tuple[PrefixHeader, list]:
     prefix = worker.engine.prefill([5, 6, 7], SamplingParams())
     header = PrefixHeader(
