@@ -34,6 +34,7 @@ setup(
                 "splitserve/engine/native/qmatmul_x86.c",
                 "splitserve/engine/native/attention.c",
                 "splitserve/engine/native/amx_matmul.c",
+                "splitserve/engine/native/layer_tail.c",
             ],
             include_dirs=["splitserve/engine/native", *INCLUDE],
             depends=[

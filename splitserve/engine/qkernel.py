@@ -11,6 +11,9 @@ attention (native/attention.c):
                                           x: [..., K] float32; y: [..., N] float32
     splitserve_<fmt>_rows(x, ..., rows)   the same for the leading rows[0] rows of x only
                                           (int32 [1]; the rest of y is zero)
+    splitserve_<fmt>_layer_tail(x, attn, norm, eps, rows, wo.., w_gate_up.., w_down..) -> y
+                                          a decode layer after its attention, in one call
+                                          (native/layer_tail.c)
     splitserve_attention(q, cache_k, cache_v, lengths) -> out
     splitserve_prompt_attention(q, kt, v) -> out      a prompt pass's causal attention
 and a prompt pass's products on AMX tiles (native/amx_matmul.c), where `amx_ready()`:
@@ -29,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 FORMATS = ("q8_0", "q4_1", "bf16", "f32")
-TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), "attention", "prompt_attention",
-           "amx_bf16")
+TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), *(f"{f}_layer_tail" for f in FORMATS),
+           "attention", "prompt_attention", "amx_bf16")
 ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 
 _lock = threading.Lock()
@@ -123,6 +126,26 @@ def qmatmul(fmt: str, x, arrays, out_dim: int, rows=None):
         return jax.ffi.ffi_call(f"splitserve_{fmt}", out)(x.astype(jnp.float32), *arrays)
     rows = jnp.reshape(jnp.asarray(rows, jnp.int32), (1,))
     return jax.ffi.ffi_call(f"splitserve_{fmt}_rows", out)(x.astype(jnp.float32), *arrays, rows)
+
+
+def layer_tail(fmt: str, x, attn, norm, eps: float, rows, wo, w_gate_up, w_down):
+    """A decode layer after its attention, for the leading `rows` rows (a traced int32; None:
+    all): x1 = x + attn @ wo, then x1 + SwiGLU(rms_norm(x1) * norm) through w_gate_up and
+    w_down; the other rows come back as x. x [B, H], attn [B, A] float32; each w the arrays
+    of a matrix in format fmt (quant.QMatrix.arrays). Traced inside jit: one custom call."""
+    _require()
+    b, h = x.shape
+    inter = w_gate_up[0].shape[0] // 2
+    # the second result is the kernel's room for the rows between the products
+    out = (jax.ShapeDtypeStruct((b, h), jnp.float32),
+           jax.ShapeDtypeStruct((b, 2 * h + 3 * inter), jnp.float32))  # fmt: skip
+    rows = jnp.reshape(jnp.asarray(0 if rows is None else rows, jnp.int32), (1,))
+    eps = jnp.full((1,), eps, jnp.float32)
+    y, _work = jax.ffi.ffi_call(f"splitserve_{fmt}_layer_tail", out)(
+        x.astype(jnp.float32), attn.astype(jnp.float32), norm.astype(jnp.float32), eps, rows,
+        *wo, *w_gate_up, *w_down,
+    )
+    return y
 
 
 def amx_bf16(x, packed, out_dim: int):

@@ -99,7 +99,7 @@ static void rows_scalar(const Job* j, int64_t n0, int64_t n1) {
   }
 }
 
-static RowsFn* rows_fn(void) {
+RowsFn* rows_fn(void) {
   switch (current_isa()) {
 #ifdef SPLITSERVE_X86
     case ISA_AVX512: return rows_avx512;
@@ -126,6 +126,38 @@ static int matrix(const XLA_FFI_Buffer* b, int64_t n, int64_t cols) {
   return b && b->rank == 2 && b->dims[0] == n && b->dims[1] == cols;
 }
 
+int weight_buffers(int fmt) { return fmt == FMT_Q4_1 ? 3 : (fmt == FMT_Q8_0 ? 2 : 1); }
+
+const char* set_weights(Job* j, int fmt, XLA_FFI_CallFrame* cf, int first) {
+  XLA_FFI_Buffer* w = ffi_arg(cf, first);
+  if (!w || w->rank != 2) return "qmatmul: the weights must be a matrix";
+  if (j->K % BLOCK || j->K / BLOCK > MAX_BLOCKS)
+    return "qmatmul: K must be a multiple of 32, at most 32768";
+  const int64_t nb = j->K / BLOCK;
+  j->fmt = fmt;
+  j->N = w->dims[0];
+  j->w = w->data;
+  j->d = j->m = NULL;
+  j->rows = rows_fn();
+  if (fmt == FMT_BF16) {
+    if (!matrix(w, j->N, j->K) || !is_16bit(w->dtype)) return "bf16: w [N, K] 16-bit";
+  } else if (fmt == FMT_F32) {
+    if (!matrix(w, j->N, j->K) || w->dtype != XLA_FFI_DataType_F32) return "f32: w [N, K] float32";
+  } else {
+    XLA_FFI_Buffer* d = ffi_arg(cf, first + 1);
+    int q_ok = fmt == FMT_Q8_0 ? matrix(w, j->N, j->K) : matrix(w, j->N, j->K / 2);
+    if (!q_ok || !matrix(d, j->N, nb) || !is_16bit(d->dtype))
+      return "qmatmul: qs [N, K or K/2] and d [N, K/32] f16 expected";
+    j->d = (const uint16_t*)d->data;
+    if (fmt == FMT_Q4_1) {
+      XLA_FFI_Buffer* m = ffi_arg(cf, first + 2);
+      if (!matrix(m, j->N, nb) || !is_16bit(m->dtype)) return "q4_1: m [N, K/32] f16";
+      j->m = (const uint16_t*)m->data;
+    }
+  }
+  return NULL;
+}
+
 /* with_rows: a last operand, int32 [1], says how many leading rows of x to compute (the live
    rows of a decode batch, packed at its front): the rest of y is zero, so a step costs its live
    rows, not its batch bucket. Outside 1..B it means all of them. Each row's sums are the same
@@ -134,7 +166,7 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt, int with_rows) {
   XLA_FFI_Error* early;
   if (ffi_preamble(cf, &early)) return early;
   const XLA_FFI_Api* api = cf->api;
-  const int nw = fmt == FMT_Q4_1 ? 4 : (fmt == FMT_Q8_0 ? 3 : 2); /* x and the weight arrays */
+  const int nw = 1 + weight_buffers(fmt); /* x and the weight arrays */
   const int nargs = nw + (with_rows ? 1 : 0);
   if (cf->args.size != nargs || cf->rets.size != 1) return ffi_error(api, "qmatmul: wrong arity");
   XLA_FFI_Buffer *x = ffi_arg(cf, 0), *w = ffi_arg(cf, 1), *y = ffi_ret(cf);
@@ -142,39 +174,18 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt, int with_rows) {
       x->rank < 1 || w->rank != 2)
     return ffi_error(api, "qmatmul: x and y must be float32, w a matrix");
   Job j;
-  j.fmt = fmt;
   j.K = x->dims[x->rank - 1];
   j.N = w->dims[0];
   j.B = 1;
   for (int64_t i = 0; i + 1 < x->rank; ++i) j.B *= x->dims[i];
-  if (j.K % BLOCK || j.K / BLOCK > MAX_BLOCKS)
-    return ffi_error(api, "qmatmul: K must be a multiple of 32, at most 32768");
   int64_t yb = 1;
   for (int64_t i = 0; i + 1 < y->rank; ++i) yb *= y->dims[i];
   if (y->rank < 1 || y->dims[y->rank - 1] != j.N || yb != j.B)
     return ffi_error(api, "qmatmul: y must be [..., N] with x's leading dims");
-  const int64_t nb = j.K / BLOCK;
   j.x = (const float*)x->data;
-  j.w = w->data;
   j.y = (float*)y->data;
-  j.d = j.m = NULL;
-  if (fmt == FMT_BF16) {
-    if (!matrix(w, j.N, j.K) || !is_16bit(w->dtype)) return ffi_error(api, "bf16: w [N, K] 16-bit");
-  } else if (fmt == FMT_F32) {
-    if (!matrix(w, j.N, j.K) || w->dtype != XLA_FFI_DataType_F32)
-      return ffi_error(api, "f32: w [N, K] float32");
-  } else {
-    XLA_FFI_Buffer* d = ffi_arg(cf, 2);
-    int q_ok = fmt == FMT_Q8_0 ? matrix(w, j.N, j.K) : matrix(w, j.N, j.K / 2);
-    if (!q_ok || !matrix(d, j.N, nb) || !is_16bit(d->dtype))
-      return ffi_error(api, "qmatmul: qs [N, K or K/2] and d [N, K/32] f16 expected");
-    j.d = (const uint16_t*)d->data;
-    if (fmt == FMT_Q4_1) {
-      XLA_FFI_Buffer* m = ffi_arg(cf, 3);
-      if (!matrix(m, j.N, nb) || !is_16bit(m->dtype)) return ffi_error(api, "q4_1: m [N, K/32] f16");
-      j.m = (const uint16_t*)m->data;
-    }
-  }
+  const char* bad = set_weights(&j, fmt, cf, 1);
+  if (bad) return ffi_error(api, bad);
   if (with_rows) {
     XLA_FFI_Buffer* r = ffi_arg(cf, nw);
     if (!r || r->dtype != XLA_FFI_DataType_S32 || r->rank != 1 || r->dims[0] != 1)
@@ -185,7 +196,6 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt, int with_rows) {
       j.B = live;
     }
   }
-  j.rows = rows_fn();
   parallel_for(api, cf->ctx, j.N, j.B * j.K * j.N, rows_chunk, &j, sizeof j);
   return NULL;
 }

@@ -55,6 +55,17 @@ static inline void prefetch_row(const Job* j, int64_t n) {
 #endif
 }
 
+/* The row code for this CPU's instruction set (qmatmul.c). */
+RowsFn* rows_fn(void);
+
+/* How many buffers hold a matrix of this format: the values, then d and m (q8_0, q4_1). */
+int weight_buffers(int fmt);
+
+/* Point j at the matrix in argument buffers first, first + 1, ... of cf (format fmt; j->K set
+   beforehand, N taken from the values' rows) and pick its row code; NULL when the buffers fit,
+   else what is wrong with them. */
+const char* set_weights(Job* j, int fmt, XLA_FFI_CallFrame* cf, int first);
+
 #ifdef SPLITSERVE_X86
 void rows_avx512(const Job* j, int64_t n0, int64_t n1); /* qmatmul_x86.c */
 void rows_avx2(const Job* j, int64_t n0, int64_t n1);
