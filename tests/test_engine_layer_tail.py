@@ -130,7 +130,10 @@ def _engine_tokens(fmt: str, fused: bool, monkeypatch) -> list[list[int]]:
         monkeypatch.setattr(llama_model, "FUSED_TAIL_MAX_BATCH", 0)
         mlp = llama_model._mlp
         monkeypatch.setattr(llama_model, "_mlp", lambda *a: traced.append("separate") or mlp(*a))
-    engine = JaxEngine(cfg, canonical_from_hf(w, layers, False), 4, 64, weight_format=fmt)
+    # XLA's attention: with the native one each whole layer is one call (decode_layer.c), which
+    # test_engine_decode_layer.py checks against this path
+    engine = JaxEngine(cfg, canonical_from_hf(w, layers, False), 4, 64, weight_format=fmt,
+                       attention="xla")  # fmt: skip
     greedy = SamplingParams()
     out = []
     for slot, prompt in enumerate(([3, 17, 29, 5], [8, 1, 44], [60, 2, 9, 11, 13])):

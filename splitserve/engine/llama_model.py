@@ -320,10 +320,13 @@ def decode(
     bucket that holds the longest live sequence, so a step costs what the sequences need.
     tokens: [n] int32 input token; positions: [n] int32 where it goes (< capacity).
     attention: "xla" (the loops below) or "native" (native/attention.c: reads each row's
-    positions up to its own, not the whole capacity).
+    positions up to its own, not the whole capacity). With native attention, a batch of at
+    most FUSED_TAIL_MAX_BATCH rows and every matrix the native kernel's, each layer is one
+    call (native/decode_layer.c: one team of threads from the norm to the last residual).
     live: how many leading rows are live (a traced int32; None: all). The native kernel's
     matrix products compute those rows only, so a step with 12 live rows in a 16-row bucket
-    costs about what 12 rows cost; the rows after them come out as zeros (padding, never read).
+    costs about what 12 rows cost; the rows after them come out as zeros (padding, never read;
+    in a whole-layer call they keep their input and their cache rows are not written).
     Returns (logits [n, vocab] float32, cache_k, cache_v) with the new K/V written.
     """
     n = tokens.shape[0]
@@ -334,8 +337,18 @@ def decode(
     visible = jnp.arange(capacity)[None, :] <= positions[:, None]  # [n, C]
     visible = visible[:, None, None, :]  # [n, 1, 1, C]
     scale = 1.0 / np.sqrt(d)
+    lengths = positions + 1  # positions each row attends to, its new one included
+    fused = _fused_layer_format(params, n) if attention == "native" else None
     new_k, new_v = [], []
     for lw, ck, cv in zip(params["layers"], cache_k, cache_v, strict=True):
+        if fused is not None:
+            x, ck, cv = qkernel.decode_layer(
+                fused, x, ck, cv, lengths, cos, sin, lw["attn_norm"], lw["ffn_norm"],
+                cfg.rms_eps, live, *(lw[m].arrays for m in LAYER_MATRICES),
+            )
+            new_k.append(ck)
+            new_v.append(cv)
+            continue
         h = rms_norm(x, lw["attn_norm"], cfg.rms_eps)
         q, k, v = _split_qkv(cfg, _matmul(h, lw["wqkv"], live))  # q [n, H, D], k, v [n, KV, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -345,7 +358,7 @@ def decode(
         new_v.append(cv)
         qg = (q * scale).reshape(n, kv, g, d)  # [n, KV, G, D]
         if attention == "native":
-            o = qkernel.attention(qg, ck, cv, positions + 1)  # [n, KV, G, D]
+            o = qkernel.attention(qg, ck, cv, lengths)  # [n, KV, G, D]
         else:
             o = _attend(qg, ck[:n], cv[:n], visible)  # the live rows only
         x = _layer_tail(cfg, lw, x, o.reshape(n, cfg.heads * d), live)
@@ -354,8 +367,25 @@ def decode(
 
 # The largest decode batch whose layer tail runs as one call: the default model's one-row
 # float32 step took 25.5 against 26.6 ms that way (medians of five alternating pairs); at 16
-# rows of its GGUF blocks the one call was 3% slower, at 4 the same.
+# rows of its GGUF blocks the one call was 3% slower, at 4 the same. The same bound holds for
+# the whole layer in one call (_fused_layer_format).
 FUSED_TAIL_MAX_BATCH = 4
+
+# A layer's matrices, in the order native/decode_layer.c takes them.
+LAYER_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+def _fused_layer_format(params: dict, n: int) -> str | None:
+    """The format in which a decode step of n rows runs each whole layer as one native call
+    (native/decode_layer.c): where the batch is small and every layer's four matrices are the
+    native kernel's, all in one format; else None (the layer runs as its parts, below)."""
+    if n > FUSED_TAIL_MAX_BATCH:
+        return None
+    mats = [lw[m] for lw in params["layers"] for m in LAYER_MATRICES]
+    if not all(isinstance(m, quant.QMatrix) for m in mats):
+        return None
+    fmts = {m.fmt for m in mats}
+    return fmts.pop() if len(fmts) == 1 else None
 
 
 def _layer_tail(cfg: LlamaConfig, lw: dict, x, attn, live):

@@ -14,6 +14,11 @@ attention (native/attention.c):
     splitserve_<fmt>_layer_tail(x, attn, norm, eps, rows, wo.., w_gate_up.., w_down..) -> y
                                           a decode layer after its attention, in one call
                                           (native/layer_tail.c)
+    splitserve_<fmt>_decode_layer(x, cache_k, cache_v, lengths, cos, sin, attn_norm, ffn_norm,
+                                  eps, rows, wqkv.., wo.., w_gate_up.., w_down..)
+                                  -> y, cache_k, cache_v (in place), work
+                                          a whole decode layer in one call
+                                          (native/decode_layer.c)
     splitserve_attention(q, cache_k, cache_v, lengths) -> out
     splitserve_prompt_attention(q, kt, v) -> out      a prompt pass's causal attention
 and a prompt pass's products on AMX tiles (native/amx_matmul.c), where `amx_ready()`:
@@ -33,7 +38,7 @@ import jax.numpy as jnp
 
 FORMATS = ("q8_0", "q4_1", "bf16", "f32")
 TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), *(f"{f}_layer_tail" for f in FORMATS),
-           "attention", "prompt_attention", "amx_bf16")
+           *(f"{f}_decode_layer" for f in FORMATS), "attention", "prompt_attention", "amx_bf16")
 ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 
 _lock = threading.Lock()
@@ -146,6 +151,40 @@ def layer_tail(fmt: str, x, attn, norm, eps: float, rows, wo, w_gate_up, w_down)
         *wo, *w_gate_up, *w_down,
     )
     return y
+
+
+def decode_layer(fmt: str, x, cache_k, cache_v, lengths, cos, sin, attn_norm, ffn_norm,
+                 eps: float, rows, wqkv, wo, w_gate_up, w_down):
+    """A whole decode layer for the leading `rows` rows (a traced int32; None: all): x [B, H]
+    normed by attn_norm, the QKV product, q and k rotated by cos, sin [B, D/2] (q scaled by
+    1/sqrt(D)), k and v written into cache_k [R, KV, D, C] and cache_v [R, KV, C, D] at
+    position lengths - 1 (lengths int32 [B]), attention over positions 0..lengths - 1, then
+    the layer's tail (layer_tail). Each w the arrays of a matrix in format fmt. Returns
+    (y [B, H], cache_k, cache_v): the caches are updated in place (aliased; donate them to
+    the jitted step or XLA copies them first), their rows after the live ones untouched, and
+    y's rows there are x's. Traced inside jit: one custom call."""
+    _require()
+    b, h = x.shape
+    kv, d, c = cache_k.shape[1], cache_k.shape[2], cache_k.shape[3]
+    qkv_n = wqkv[0].shape[0]
+    heads = qkv_n // d - 2 * kv
+    inter = w_gate_up[0].shape[0] // 2
+    # the kernel's room for the rows between its phases (native/decode_layer.c, work_floats)
+    work = h + qkv_n + 2 * heads * d + 2 * h + 3 * inter + heads * (c + 24)
+    out = (jax.ShapeDtypeStruct((b, h), jnp.float32),
+           jax.ShapeDtypeStruct(cache_k.shape, jnp.float32),
+           jax.ShapeDtypeStruct(cache_v.shape, jnp.float32),
+           jax.ShapeDtypeStruct((b, work), jnp.float32))  # fmt: skip
+    rows = jnp.reshape(jnp.asarray(0 if rows is None else rows, jnp.int32), (1,))
+    eps = jnp.full((1,), eps, jnp.float32)
+    call = jax.ffi.ffi_call(f"splitserve_{fmt}_decode_layer", out,
+                            input_output_aliases={1: 1, 2: 2})  # fmt: skip
+    y, cache_k, cache_v, _work = call(
+        x.astype(jnp.float32), cache_k, cache_v, lengths.astype(jnp.int32),
+        cos.astype(jnp.float32), sin.astype(jnp.float32), attn_norm.astype(jnp.float32),
+        ffn_norm.astype(jnp.float32), eps, rows, *wqkv, *wo, *w_gate_up, *w_down,
+    )
+    return y, cache_k, cache_v
 
 
 def amx_bf16(x, packed, out_dim: int):

@@ -29,33 +29,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ffi_common.h"
-
-#define MAX_G 16
-
-typedef struct {
-  int64_t n, KV, G, D, C;
-  int64_t per_cache; /* query rows per cache row: 1 in a decode step, T in a prompt pass */
-  const float* q;
-  const float* ck;
-  const float* cv;
-  const int32_t* lengths; /* NULL in a prompt pass: row r attends to r % T + 1 positions */
-  float* out;
-} Job;
+#include "attention.h"
 
 /* The cache row query row r reads, and how many of its positions. */
-static inline int64_t cache_of(const Job* j, int64_t r) { return r / j->per_cache; }
-static inline int64_t length_of(const Job* j, int64_t r) {
+static inline int64_t cache_of(const AttnJob* j, int64_t r) { return r / j->per_cache; }
+static inline int64_t length_of(const AttnJob* j, int64_t r) {
   return j->lengths ? j->lengths[r] : r % j->per_cache + 1;
 }
 
-/* The scores scratch holds G rows of this many floats: the capacity and room for a last block
-   of 24 positions written whole (item_avx2); the other paths use the first C of each row. */
-static inline int64_t scores_stride(const Job* j) { return j->C + 24; }
-
 /* ---- one (row, KV head) item, portable ----------------------------------------------------- */
 
-static void item_scalar(const Job* j, int64_t r, int64_t h, float* s /* [G, C] */) {
+static void item_scalar(const AttnJob* j, int64_t r, int64_t h, float* s /* [G, C] */) {
   const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r);
   const float* q = j->q + (r * j->KV + h) * G * D;
   const float* kt = j->ck + (cache_of(j, r) * j->KV + h) * D * C;
@@ -118,7 +102,7 @@ TARGET_AVX512 static inline float softmax_avx512(float* sg, int64_t L) {
   return _mm512_reduce_add_ps(sum);
 }
 
-TARGET_AVX512 static void item_avx512(const Job* j, int64_t r, int64_t h, float* s) {
+TARGET_AVX512 static void item_avx512(const AttnJob* j, int64_t r, int64_t h, float* s) {
   const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r);
   const float* q = j->q + (r * j->KV + h) * G * D;
   const float* kt = j->ck + (cache_of(j, r) * j->KV + h) * D * C;
@@ -264,7 +248,7 @@ TARGET_AVX2 INLINE void values_avx2(const float* p, int64_t S, const float* v, i
   }
 
 /* One (row, KV head) item in 8 lanes; s is the scratch [G, S] (S = scores_stride). */
-TARGET_AVX2 static void item_avx2(const Job* j, int64_t r, int64_t h, float* s) {
+TARGET_AVX2 static void item_avx2(const AttnJob* j, int64_t r, int64_t h, float* s) {
   const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r), S = scores_stride(j);
   const float* q = j->q + (r * j->KV + h) * G * D;
   const float* kt = j->ck + (cache_of(j, r) * j->KV + h) * D * C;
@@ -344,7 +328,7 @@ TARGET_AVX2 static void item_avx2(const Job* j, int64_t r, int64_t h, float* s) 
    inlined, so the accumulators stay in registers). s: scratch [PQ * GN, T + 16]. Each score is
    the same sum in the same order as item_avx512's, and so are the softmax and the weighted sum
    of values: a position's result does not depend on the block it falls in. */
-TARGET_AVX512 INLINE void prompt_block_avx512(const Job* j, int64_t n, int64_t h, int64_t t0,
+TARGET_AVX512 INLINE void prompt_block_avx512(const AttnJob* j, int64_t n, int64_t h, int64_t t0,
                                               float* s, const int GN) {
   const int64_t T = j->C, KV = j->KV, S = T + 16, np = T - t0 < PQ ? T - t0 : PQ, L = t0 + np;
   const float* kt = j->ck + (n * KV + h) * PD * T;
@@ -396,7 +380,7 @@ TARGET_AVX512 INLINE void prompt_block_avx512(const Job* j, int64_t n, int64_t h
 
 /* Blocks [b0, b1) of (sequence, KV head, PQ positions), positions fastest. */
 TARGET_AVX512 static void prompt_blocks_avx512(const void* job, int64_t b0, int64_t b1) {
-  const Job* j = (const Job*)job;
+  const AttnJob* j = (const AttnJob*)job;
   const int64_t T = j->C, per_seq = (T + PQ - 1) / PQ;
   float* s = (float*)malloc(sizeof(float) * (size_t)(PQ * j->G * (T + 16)));
   if (!s) return; /* checked by the caller's size limits; nothing sensible to do here */
@@ -416,16 +400,19 @@ TARGET_AVX512 static void prompt_blocks_avx512(const void* job, int64_t b0, int6
 
 /* ---- the handler ------------------------------------------------------------------------------ */
 
-typedef void ItemFn(const Job* j, int64_t r, int64_t h, float* s);
-
-static void items(const void* job, int64_t i0, int64_t i1) {
-  const Job* j = (const Job*)job;
-  ItemFn* fn = item_scalar;
+AttnItemFn* attention_item_fn(int64_t D) {
 #ifdef SPLITSERVE_X86
   /* the vector paths take D in whole vectors */
-  if (current_isa() == ISA_AVX512 && j->D % 16 == 0) fn = item_avx512;
-  if (current_isa() == ISA_AVX2 && j->D % 8 == 0) fn = item_avx2;
+  if (current_isa() == ISA_AVX512 && D % 16 == 0) return item_avx512;
+  if (current_isa() == ISA_AVX2 && D % 8 == 0) return item_avx2;
 #endif
+  (void)D;
+  return item_scalar;
+}
+
+static void items(const void* job, int64_t i0, int64_t i1) {
+  const AttnJob* j = (const AttnJob*)job;
+  AttnItemFn* fn = attention_item_fn(j->D);
   float* s = (float*)malloc(sizeof(float) * (size_t)(j->G * scores_stride(j)));
   if (!s) return; /* checked by the caller's size limits; nothing sensible to do here */
   for (int64_t i = i0; i < i1; ++i) fn(j, i / j->KV, i % j->KV, s);
@@ -443,7 +430,7 @@ EXPORT XLA_FFI_Error* splitserve_attention(XLA_FFI_CallFrame* cf) {
       ck->dtype != XLA_FFI_DataType_F32 || cv->dtype != XLA_FFI_DataType_F32 ||
       out->dtype != XLA_FFI_DataType_F32 || len->dtype != XLA_FFI_DataType_S32)
     return ffi_error(api, "attention: q, caches, out float32 rank 4; lengths int32 [n]");
-  Job j;
+  AttnJob j;
   j.n = q->dims[0];
   j.KV = q->dims[1];
   j.G = q->dims[2];
@@ -474,7 +461,7 @@ EXPORT XLA_FFI_Error* splitserve_attention(XLA_FFI_CallFrame* cf) {
 }
 
 #ifdef SPLITSERVE_X86
-static int prompt_fast_path(const Job* j) {
+static int prompt_fast_path(const AttnJob* j) {
   return current_isa() == ISA_AVX512 && j->D == PD && j->G <= 4;
 }
 #endif
@@ -484,7 +471,7 @@ static int prompt_fast_path(const Job* j) {
    then keeps XLA's). */
 EXPORT int splitserve_prompt_attention_fast(int64_t D, int64_t G) {
 #ifdef SPLITSERVE_X86
-  Job j;
+  AttnJob j;
   j.D = D;
   j.G = G;
   return prompt_fast_path(&j);
@@ -517,7 +504,7 @@ EXPORT XLA_FFI_Error* splitserve_prompt_attention(XLA_FFI_CallFrame* cf) {
       kt->dtype != XLA_FFI_DataType_F32 || v->dtype != XLA_FFI_DataType_F32 ||
       out->dtype != XLA_FFI_DataType_F32)
     return ffi_error(api, "prompt_attention: q, out float32 rank 5; kt, v float32 rank 4");
-  Job j;
+  AttnJob j;
   const int64_t N = q->dims[0], T = q->dims[1];
   j.KV = q->dims[2];
   j.G = q->dims[3];

@@ -27,41 +27,23 @@
    whatever rows run beside it. */
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
-#include "qmatmul.h"
+#include "layer_tail.h"
 
-#define CHUNKS 8 /* per product; whoever is free takes the next */
-
-typedef struct {
-  atomic_llong next, done;
-} Phase;
-
-typedef struct {
-  Job o, gate_up, down;   /* x and y point into the buffers below */
-  const float* x;         /* [B, H] the residual stream */
-  const float* norm;      /* [H] */
-  float eps;
-  int64_t B, H, I;        /* live rows, hidden, intermediate */
-  float *x1, *normed, *gu, *act; /* [B, H], [B, H], [B, 2I], [B, I] */
-  float* y;               /* [B, H] */
-  Phase phase[4];         /* the output product, gate/up, SwiGLU, down */
-  atomic_int normed_ready;
-} Tail;
-
-static void normalize(Tail* t) {
-  for (int64_t b = 0; b < t->B; ++b) {
-    const float* v = t->x1 + b * t->H;
+void rms_normalize(const float* x, const float* norm, float eps, int64_t B, int64_t H,
+                   float* out) {
+  for (int64_t b = 0; b < B; ++b) {
+    const float* v = x + b * H;
     float lanes[16] = {0};
     int64_t i = 0;
-    for (; i + 16 <= t->H; i += 16)
+    for (; i + 16 <= H; i += 16)
       for (int l = 0; l < 16; ++l) lanes[l] += v[i + l] * v[i + l];
     float sum = 0.0f;
     for (int l = 0; l < 16; ++l) sum += lanes[l];
-    for (; i < t->H; ++i) sum += v[i] * v[i];
-    const float inv = 1.0f / sqrtf(sum / (float)t->H + t->eps);
-    for (int64_t k = 0; k < t->H; ++k) t->normed[b * t->H + k] = v[k] * inv * t->norm[k];
+    for (; i < H; ++i) sum += v[i] * v[i];
+    const float inv = 1.0f / sqrtf(sum / (float)H + eps);
+    for (int64_t k = 0; k < H; ++k) out[b * H + k] = v[k] * inv * norm[k];
   }
 }
 
@@ -144,25 +126,14 @@ static int run_phase(Tail* t, int p) {
   }
 }
 
-static void spin(void) {
-#ifdef SPLITSERVE_X86
-  _mm_pause(); /* as parallel_for waits: the phases are short, a sleep would cost more */
-#endif
-}
-
 /* Wait until every chunk of phase p is done (the thread doing the last one is running it). */
 static void wait_phase(Tail* t, int p) {
   while (atomic_load(&t->phase[p].done) < phase_chunks(t, p)) spin();
 }
 
-/* One member of the team (parallel_for hands each thread items; the range is not used: a
-   member that comes when all is done returns at once). */
-static void member(const void* job, int64_t i0, int64_t i1) {
-  (void)i0;
-  (void)i1;
-  Tail* t = *(Tail* const*)job;
+void tail_member(Tail* t) {
   if (run_phase(t, 0)) {
-    normalize(t);
+    rms_normalize(t->x1, t->norm, t->eps, t->B, t->H, t->normed);
     atomic_store(&t->normed_ready, 1);
   }
   while (!atomic_load(&t->normed_ready)) spin();
@@ -174,8 +145,49 @@ static void member(const void* job, int64_t i0, int64_t i1) {
   wait_phase(t, 3);
 }
 
-static int vector_f32(const XLA_FFI_Buffer* b, int64_t n) {
-  return b && b->dtype == XLA_FFI_DataType_F32 && b->rank == 1 && b->dims[0] == n;
+const char* tail_weights(Tail* t, int fmt, XLA_FFI_CallFrame* cf, int first, int64_t H,
+                         int64_t A) {
+  const int nw = weight_buffers(fmt);
+  t->H = H;
+  t->o.K = A;
+  t->gate_up.K = H;
+  const char* bad = set_weights(&t->o, fmt, cf, first);
+  if (!bad) bad = set_weights(&t->gate_up, fmt, cf, first + nw);
+  if (!bad) {
+    t->I = t->gate_up.N / 2;
+    t->down.K = t->I;
+    bad = set_weights(&t->down, fmt, cf, first + 2 * nw);
+  }
+  if (!bad && (t->o.N != H || t->gate_up.N != 2 * t->I || t->down.N != H))
+    bad = "layer_tail: wo [H, A], w_gate_up [2I, H], w_down [H, I]";
+  return bad;
+}
+
+void tail_buffers(Tail* t, int64_t live, const float* x, const float* attn, const float* norm,
+                  float eps, float* y, float* work) {
+  t->B = t->o.B = t->gate_up.B = t->down.B = live;
+  t->x = x;
+  t->norm = norm;
+  t->eps = eps;
+  t->y = y;
+  t->x1 = work;
+  t->normed = t->x1 + live * t->H;
+  t->gu = t->normed + live * t->H;
+  t->act = t->gu + live * 2 * t->I;
+  t->o.x = attn;
+  t->o.y = t->x1;
+  t->gate_up.x = t->normed;
+  t->gate_up.y = t->gu;
+  t->down.x = t->act;
+  t->down.y = t->y;
+}
+
+/* The team as parallel_for runs it: each item calls tail_member (the range is not used: a
+   member that comes when all is done returns at once). */
+static void member(const void* job, int64_t i0, int64_t i1) {
+  (void)i0;
+  (void)i1;
+  tail_member(*(Tail* const*)job);
 }
 
 /* splitserve_<fmt>_layer_tail(x [B, H], attn [B, A], norm [H], eps [1], rows int32 [1],
@@ -199,48 +211,25 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt) {
     return ffi_error(api, "layer_tail: x [B, H], attn [B, A] and y [B, H] float32");
   Tail t;
   memset(&t, 0, sizeof t);
-  const int64_t B = x->dims[0];
-  t.H = x->dims[1];
-  if (!vector_f32(norm, t.H) || !vector_f32(eps, 1))
+  const int64_t B = x->dims[0], H = x->dims[1];
+  if (!vector_f32(norm, H) || !vector_f32(eps, 1))
     return ffi_error(api, "layer_tail: norm [H] and eps [1] float32");
   if (!rows || rows->dtype != XLA_FFI_DataType_S32 || rows->rank != 1 || rows->dims[0] != 1)
     return ffi_error(api, "layer_tail: rows must be int32 [1]");
-  const int64_t live = *(const int32_t*)rows->data;
-  t.B = live >= 1 && live < B ? live : B;
-  t.o.K = attn->dims[1];
-  t.gate_up.K = t.H;
-  const char* bad = set_weights(&t.o, fmt, cf, 5);
-  if (!bad) bad = set_weights(&t.gate_up, fmt, cf, 5 + nw);
-  if (!bad) {
-    t.I = t.gate_up.N / 2;
-    t.down.K = t.I;
-    bad = set_weights(&t.down, fmt, cf, 5 + 2 * nw);
-  }
+  const char* bad = tail_weights(&t, fmt, cf, 5, H, attn->dims[1]);
   if (bad) return ffi_error(api, bad);
-  if (t.o.N != t.H || t.gate_up.N != 2 * t.I || t.down.N != t.H)
-    return ffi_error(api, "layer_tail: wo [H, A], w_gate_up [2I, H], w_down [H, I]");
-  t.x = (const float*)x->data;
-  t.norm = (const float*)norm->data;
-  t.eps = *(const float*)eps->data;
-  t.y = (float*)y->data;
   /* the intermediate rows live in a second result XLA allocates (and reuses): a fresh
      allocation of this size each call would be new pages, faulted in each time */
   if (work->dtype != XLA_FFI_DataType_F32 || work->rank != 2 || work->dims[0] != B ||
-      work->dims[1] != 2 * t.H + 3 * t.I)
+      work->dims[1] != tail_work_floats(H, t.I))
     return ffi_error(api, "layer_tail: the work result must be float32 [B, 2H + 3I]");
+  const int64_t asked = *(const int32_t*)rows->data, live = asked >= 1 && asked < B ? asked : B;
+  const float* xs = (const float*)x->data;
+  float* ys = (float*)y->data;
+  tail_buffers(&t, live, xs, (const float*)attn->data, (const float*)norm->data,
+               *(const float*)eps->data, ys, (float*)work->data);
   /* the rows after the live ones: x as it is */
-  memcpy(t.y + t.B * t.H, t.x + t.B * t.H, sizeof(float) * (size_t)((B - t.B) * t.H));
-  t.x1 = (float*)work->data;
-  t.normed = t.x1 + t.B * t.H;
-  t.gu = t.normed + t.B * t.H;
-  t.act = t.gu + t.B * 2 * t.I;
-  t.o.B = t.gate_up.B = t.down.B = t.B;
-  t.o.x = (const float*)attn->data;
-  t.o.y = t.x1;
-  t.gate_up.x = t.normed;
-  t.gate_up.y = t.gu;
-  t.down.x = t.act;
-  t.down.y = t.y;
+  memcpy(ys + live * H, xs + live * H, sizeof(float) * (size_t)((B - live) * H));
   Tail* team = &t;
   /* more items than threads: each thread takes one and joins; later items find all done */
   parallel_for(api, cf->ctx, 64, SHARE_ALWAYS, member, &team, sizeof team);
