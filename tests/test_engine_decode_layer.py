@@ -24,7 +24,7 @@ from tests.test_engine_model import canonical_from_hf
 pytestmark = pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
 
 VOCAB, H, INTER, LAYERS, HEADS, KV, D, EPS = 128, 96, 160, 2, 4, 2, 16, 1e-5
-ROWS, CAPACITY = 4, 40
+ROWS, CAPACITY = 16, 40  # ROWS: llama_model.FUSED_LAYER_MAX_BATCH
 CFG = LlamaConfig(vocab_size=VOCAB, hidden=H, intermediate=INTER, layers=LAYERS, heads=HEADS,
                   kv_heads=KV, head_dim=D, rms_eps=EPS)  # fmt: skip
 FORMATS = ["q8_0", "q4_1", "bf16", "f32"]
@@ -63,8 +63,8 @@ def _caches(seed: int) -> tuple[list, list]:
     return ck, cv
 
 
-TOKENS = np.array([5, 77, 3, 120], np.int32)
-POSITIONS = np.array([0, 17, 39, 8], np.int32)  # the first and the last position included
+TOKENS = np.random.default_rng(0).integers(0, VOCAB, ROWS).astype(np.int32)
+POSITIONS = np.array([0, 17, 39, 8, *range(2, 38, 3)], np.int32)  # the first and last included
 
 
 def _step(params, fused: bool):
@@ -92,7 +92,7 @@ def test_one_call_equals_the_separate_calls(isa, fmt):
     params = _params(fmt)
     ck, cv = _caches(2)
     fused, separate = _step(params, True), _step(params, False)
-    for b in (1, 3, 4):
+    for b in (1, 3, 9, 16):
         args = (ck, cv, TOKENS[:b], POSITIONS[:b], None)
         got, want = _numpy(fused(*args)), _numpy(separate(*args))
         # the norm's sums, the rotation's roundings and silu's exp differ; nothing else does
@@ -122,13 +122,13 @@ def test_rows_after_the_live_ones_are_left_alone(fmt):
     ck, cv = _caches(4)
     fused = _step(params, True)
     full = _numpy(fused(ck, cv, TOKENS, POSITIONS, None))
-    for live in (1, 2, 3):
+    for live in (1, 2, 7, 15):
         logits, got_k, got_v = _numpy(fused(ck, cv, TOKENS, POSITIONS, jnp.int32(live)))
         np.testing.assert_array_equal(logits[:live], full[0][:live])
         for got, whole, old in zip(got_k + got_v, full[1] + full[2], ck + cv, strict=True):
             np.testing.assert_array_equal(got[:live], whole[:live])
             np.testing.assert_array_equal(got[live:], old[live:])  # not written
-    for outside in (0, -1, 9):  # as the products take it: all rows
+    for outside in (0, -1, 17):  # as the products take it: all rows
         out = _numpy(fused(ck, cv, TOKENS, POSITIONS, jnp.int32(outside)))
         np.testing.assert_array_equal(out[0], full[0])
 

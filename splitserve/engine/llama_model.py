@@ -321,7 +321,7 @@ def decode(
     tokens: [n] int32 input token; positions: [n] int32 where it goes (< capacity).
     attention: "xla" (the loops below) or "native" (native/attention.c: reads each row's
     positions up to its own, not the whole capacity). With native attention, a batch of at
-    most FUSED_TAIL_MAX_BATCH rows and every matrix the native kernel's, each layer is one
+    most FUSED_LAYER_MAX_BATCH rows and every matrix the native kernel's, each layer is one
     call (native/decode_layer.c: one team of threads from the norm to the last residual).
     live: how many leading rows are live (a traced int32; None: all). The native kernel's
     matrix products compute those rows only, so a step with 12 live rows in a 16-row bucket
@@ -367,9 +367,15 @@ def decode(
 
 # The largest decode batch whose layer tail runs as one call: the default model's one-row
 # float32 step took 25.5 against 26.6 ms that way (medians of five alternating pairs); at 16
-# rows of its GGUF blocks the one call was 3% slower, at 4 the same. The same bound holds for
-# the whole layer in one call (_fused_layer_format).
+# rows of its GGUF blocks the one call was 3% slower, at 4 the same.
 FUSED_TAIL_MAX_BATCH = 4
+
+# The largest decode batch whose whole layers run as one call each (native/decode_layer.c),
+# measured on the default model against the tail alone in one call (docs/benchmarks.md, "A
+# whole layer in one call"): float32 at 1 row 0.94x the step, at 4 rows 0.91x; its GGUF blocks
+# at 1 row 0.86x, at 8 rows 0.91x, at 16 rows 0.94x, float32 at 16 rows 0.91x (three
+# alternating pairs each). Larger batches were not measured.
+FUSED_LAYER_MAX_BATCH = 16
 
 # A layer's matrices, in the order native/decode_layer.c takes them.
 LAYER_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -379,7 +385,7 @@ def _fused_layer_format(params: dict, n: int) -> str | None:
     """The format in which a decode step of n rows runs each whole layer as one native call
     (native/decode_layer.c): where the batch is small and every layer's four matrices are the
     native kernel's, all in one format; else None (the layer runs as its parts, below)."""
-    if n > FUSED_TAIL_MAX_BATCH:
+    if n > FUSED_LAYER_MAX_BATCH:
         return None
     mats = [lw[m] for lw in params["layers"] for m in LAYER_MATRICES]
     if not all(isinstance(m, quant.QMatrix) for m in mats):
