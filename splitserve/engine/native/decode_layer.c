@@ -225,15 +225,4 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt) {
   return NULL;
 }
 
-EXPORT XLA_FFI_Error* splitserve_q8_0_decode_layer(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_Q8_0);
-}
-EXPORT XLA_FFI_Error* splitserve_q4_1_decode_layer(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_Q4_1);
-}
-EXPORT XLA_FFI_Error* splitserve_bf16_decode_layer(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_BF16);
-}
-EXPORT XLA_FFI_Error* splitserve_f32_decode_layer(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_F32);
-}
+EXPORT_PER_FORMAT(decode_layer, handle)

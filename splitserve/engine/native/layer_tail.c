@@ -236,15 +236,4 @@ static XLA_FFI_Error* handle(XLA_FFI_CallFrame* cf, int fmt) {
   return NULL;
 }
 
-EXPORT XLA_FFI_Error* splitserve_q8_0_layer_tail(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_Q8_0);
-}
-EXPORT XLA_FFI_Error* splitserve_q4_1_layer_tail(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_Q4_1);
-}
-EXPORT XLA_FFI_Error* splitserve_bf16_layer_tail(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_BF16);
-}
-EXPORT XLA_FFI_Error* splitserve_f32_layer_tail(XLA_FFI_CallFrame* cf) {
-  return handle(cf, FMT_F32);
-}
+EXPORT_PER_FORMAT(layer_tail, handle)

@@ -55,6 +55,21 @@ static inline void prefetch_row(const Job* j, int64_t n) {
 #endif
 }
 
+/* The FFI handlers splitserve_<fmt>_<name>, one per format, each handler(cf, FMT_<fmt>). */
+#define EXPORT_PER_FORMAT(name, handler)                                                       \
+  EXPORT XLA_FFI_Error* splitserve_q8_0_##name(XLA_FFI_CallFrame* cf) {                        \
+    return handler(cf, FMT_Q8_0);                                                              \
+  }                                                                                            \
+  EXPORT XLA_FFI_Error* splitserve_q4_1_##name(XLA_FFI_CallFrame* cf) {                        \
+    return handler(cf, FMT_Q4_1);                                                              \
+  }                                                                                            \
+  EXPORT XLA_FFI_Error* splitserve_bf16_##name(XLA_FFI_CallFrame* cf) {                        \
+    return handler(cf, FMT_BF16);                                                              \
+  }                                                                                            \
+  EXPORT XLA_FFI_Error* splitserve_f32_##name(XLA_FFI_CallFrame* cf) {                         \
+    return handler(cf, FMT_F32);                                                               \
+  }
+
 /* The row code for this CPU's instruction set (qmatmul.c). */
 RowsFn* rows_fn(void);
 
