@@ -146,6 +146,11 @@ def test_the_caches_are_updated_in_place_when_donated_and_copied_when_not():
     copies = [line for line in hlo.splitlines()
               if " copy(" in line and any(s in line for s in cache_shapes)]  # fmt: skip
     assert copies == []
+    # and the results are the donated buffers themselves
+    donated = [jnp.asarray(c) for c in ck], [jnp.asarray(c) for c in cv]
+    pointers = [a.unsafe_buffer_pointer() for a in donated[0] + donated[1]]
+    _, out_k, out_v = jax.jit(step, donate_argnums=(0, 1))(*donated, TOKENS, POSITIONS)
+    assert [a.unsafe_buffer_pointer() for a in out_k + out_v] == pointers
     # not donated: the arguments keep their values, the results have the new positions
     before = [np.asarray(c).copy() for c in args[0] + args[1]]
     _, new_k, new_v = jax.jit(step)(*args)
