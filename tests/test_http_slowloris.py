@@ -200,8 +200,8 @@ async def _under_attack(stack, sources: list[str], limit: int) -> tuple[list, Sl
             )
             await asyncio.sleep(0.2)
         # on its own thread and event loop: the flood's thousand tasks share this loop, and on
-        # a busy machine they held the kept-alive connection's next request back past the
-        # header timeout (its ReadError at index 17 in one `make test` of 2026-12-06)
+        # a busy machine they can hold the kept-alive connection's next request back past the
+        # header timeout (the likely cause of its ReadError in one `make test` of 2026-12-06)
         statuses = await asyncio.to_thread(asyncio.run, normal_client(stack.url, 20))
     finally:
         await attack.stop()

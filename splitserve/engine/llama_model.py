@@ -373,7 +373,7 @@ FUSED_TAIL_MAX_BATCH = 4
 # The largest decode batch whose whole layers run as one call each (native/decode_layer.c),
 # measured on the default model against the tail alone in one call (docs/benchmarks.md, "A
 # whole layer in one call"): float32 at 1 row 0.94x the step, at 4 rows 0.91x; its GGUF blocks
-# at 1 row 0.86x, at 8 rows 0.91x, at 16 rows 0.94x, float32 at 16 rows 0.91x (three
+# at 1 row 0.86x, at 8 rows 0.91x, at 16 rows 0.94x, float32 at 16 rows 0.89x (three
 # alternating pairs each). Larger batches were not measured.
 FUSED_LAYER_MAX_BATCH = 16
 
@@ -387,7 +387,11 @@ def _fused_layer_format(params: dict, n: int) -> str | None:
     native kernel's, all in one format; else None (the layer runs as its parts, below)."""
     if n > FUSED_LAYER_MAX_BATCH:
         return None
-    mats = [lw[m] for lw in params["layers"] for m in LAYER_MATRICES]
+    return _native_format([lw[m] for lw in params["layers"] for m in LAYER_MATRICES])
+
+
+def _native_format(mats: list) -> str | None:
+    """The native kernel's format when every matrix is its QMatrix, all in one format."""
     if not all(isinstance(m, quant.QMatrix) for m in mats):
         return None
     fmts = {m.fmt for m in mats}
@@ -400,10 +404,9 @@ def _layer_tail(cfg: LlamaConfig, lw: dict, x, attn, live):
     small, in one custom call (native/layer_tail.c: one hand-off to the threads instead of
     three, nothing of XLA's between the products); the same values to float32 rounding."""
     mats = (lw["wo"], lw["w_gate_up"], lw["w_down"])
-    if x.shape[0] <= FUSED_TAIL_MAX_BATCH and all(
-        isinstance(m, quant.QMatrix) and m.fmt == mats[0].fmt for m in mats
-    ):
-        return qkernel.layer_tail(mats[0].fmt, x, attn, lw["ffn_norm"], cfg.rms_eps, live,
+    fmt = _native_format(list(mats)) if x.shape[0] <= FUSED_TAIL_MAX_BATCH else None
+    if fmt is not None:
+        return qkernel.layer_tail(fmt, x, attn, lw["ffn_norm"], cfg.rms_eps, live,
                                   *(m.arrays for m in mats))  # fmt: skip
     x = x + _matmul(attn, lw["wo"], live)
     return x + _mlp(cfg, lw, rms_norm(x, lw["ffn_norm"], cfg.rms_eps), live)

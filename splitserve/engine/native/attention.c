@@ -328,8 +328,8 @@ TARGET_AVX2 static void item_avx2(const AttnJob* j, int64_t r, int64_t h, float*
    inlined, so the accumulators stay in registers). s: scratch [PQ * GN, T + 16]. Each score is
    the same sum in the same order as item_avx512's, and so are the softmax and the weighted sum
    of values: a position's result does not depend on the block it falls in. */
-TARGET_AVX512 INLINE void prompt_block_avx512(const AttnJob* j, int64_t n, int64_t h, int64_t t0,
-                                              float* s, const int GN) {
+TARGET_AVX512 INLINE void prompt_block_avx512(const AttnJob* j, int64_t n, int64_t h,
+                                              int64_t t0, float* s, const int GN) {
   const int64_t T = j->C, KV = j->KV, S = T + 16, np = T - t0 < PQ ? T - t0 : PQ, L = t0 + np;
   const float* kt = j->ck + (n * KV + h) * PD * T;
   const float* v = j->cv + (n * KV + h) * T * PD;

@@ -75,24 +75,17 @@ static void store(Layer* L) {
   }
 }
 
-/* Take items of a phase until none is left; true for the thread that finished its last. */
-static int run_items(Layer* L, Phase* p, int64_t total, void (*fn)(Layer*, int64_t)) {
-  int last = 0;
-  for (;;) {
-    const long long i = atomic_fetch_add(&p->next, 1);
-    if (i >= total) return last;
-    fn(L, i);
-    last = atomic_fetch_add(&p->done, 1) + 1 == total;
-  }
-}
-
-static void qkv_chunk(Layer* L, int64_t c) {
-  const int64_t N = L->qkv.N, chunk = (N + CHUNKS - 1) / CHUNKS, n0 = c * chunk;
-  const int64_t n1 = n0 + chunk < N ? n0 + chunk : N;
+/* Chunk c of the QKV product's rows. */
+static void qkv_chunk(void* ctx, int64_t c) {
+  Layer* L = (Layer*)ctx;
+  int64_t n0, n1;
+  chunk_rows(L->qkv.N, c, &n0, &n1);
   if (n0 < n1) L->qkv.rows(&L->qkv, n0, n1);
 }
 
-static void attention_item(Layer* L, int64_t i) {
+/* Attention item i: row i / KV, KV head i % KV, with its own scores scratch. */
+static void attention_item(void* ctx, int64_t i) {
+  const Layer* L = (const Layer*)ctx;
   const AttnJob* a = &L->attn;
   L->item(a, i / a->KV, i % a->KV, L->scratch + i * a->G * scores_stride(a));
 }
@@ -101,14 +94,14 @@ static void member(const void* job, int64_t i0, int64_t i1) {
   (void)i0;
   (void)i1;
   Layer* L = *(Layer* const*)job;
-  if (run_items(L, &L->qkv_phase, CHUNKS, qkv_chunk)) {
+  if (phase_run(&L->qkv_phase, CHUNKS, qkv_chunk, L)) {
     store(L);
     atomic_store(&L->stored, 1);
   }
   while (!atomic_load(&L->stored)) spin();
   const int64_t items = L->attn.n * L->attn.KV;
-  run_items(L, &L->attn_phase, items, attention_item);
-  while (atomic_load(&L->attn_phase.done) < items) spin();
+  phase_run(&L->attn_phase, items, attention_item, L);
+  phase_wait(&L->attn_phase, items);
   tail_member(&L->tail);
 }
 

@@ -107,29 +107,41 @@ static void product_rows(Tail* t, int p, int64_t n0, int64_t n1) {
 /* Chunks in phase p: each product's rows in CHUNKS, SwiGLU CHUNKS per batch row. */
 static int64_t phase_chunks(const Tail* t, int p) { return p == 2 ? t->B * CHUNKS : CHUNKS; }
 
-/* Take chunks of phase p until none is left; true for the thread that finished its last. */
-static int run_phase(Tail* t, int p) {
-  const int64_t total = phase_chunks(t, p);
+int phase_run(Phase* p, int64_t total, PhaseItemFn* fn, void* ctx) {
   int last = 0;
   for (;;) {
-    long long c = atomic_fetch_add(&t->phase[p].next, 1);
-    if (c >= total) return last;
-    if (p == 2) {
-      swiglu_chunk(t, c);
-    } else {
-      const int64_t N = (p == 0 ? &t->o : (p == 1 ? &t->gate_up : &t->down))->N;
-      const int64_t chunk = (N + CHUNKS - 1) / CHUNKS, n0 = c * chunk;
-      const int64_t n1 = n0 + chunk < N ? n0 + chunk : N;
-      if (n0 < n1) product_rows(t, p == 3 ? 2 : p, n0, n1);
-    }
-    last = atomic_fetch_add(&t->phase[p].done, 1) + 1 == total;
+    const long long i = atomic_fetch_add(&p->next, 1);
+    if (i >= total) return last;
+    fn(ctx, i);
+    last = atomic_fetch_add(&p->done, 1) + 1 == total;
   }
 }
 
-/* Wait until every chunk of phase p is done (the thread doing the last one is running it). */
-static void wait_phase(Tail* t, int p) {
-  while (atomic_load(&t->phase[p].done) < phase_chunks(t, p)) spin();
+typedef struct {
+  Tail* t;
+  int p;
+} TailPhase;
+
+/* Chunk c of a tail phase: SwiGLU's, or a product's rows. */
+static void tail_chunk(void* ctx, int64_t c) {
+  const TailPhase* tp = (const TailPhase*)ctx;
+  Tail* t = tp->t;
+  if (tp->p == 2) {
+    swiglu_chunk(t, c);
+    return;
+  }
+  const int p = tp->p == 3 ? 2 : tp->p; /* the product: o, gate/up, down */
+  int64_t n0, n1;
+  chunk_rows((p == 0 ? &t->o : (p == 1 ? &t->gate_up : &t->down))->N, c, &n0, &n1);
+  if (n0 < n1) product_rows(t, p, n0, n1);
 }
+
+static int run_phase(Tail* t, int p) {
+  TailPhase tp = {t, p};
+  return phase_run(&t->phase[p], phase_chunks(t, p), tail_chunk, &tp);
+}
+
+static void wait_phase(Tail* t, int p) { phase_wait(&t->phase[p], phase_chunks(t, p)); }
 
 void tail_member(Tail* t) {
   if (run_phase(t, 0)) {

@@ -34,6 +34,25 @@ static inline void spin(void) {
 #endif
 }
 
+/* Item i of a phase, for the team's shared state ctx. */
+typedef void PhaseItemFn(void* ctx, int64_t i);
+
+/* Take items of phase p, fn(ctx, i) each, until none of its `total` is left; true for the
+   thread that finished the last of them (it may then do what must follow the phase alone). */
+int phase_run(Phase* p, int64_t total, PhaseItemFn* fn, void* ctx);
+
+/* Wait until every item of phase p is done (whoever took the last one is running it). */
+static inline void phase_wait(Phase* p, int64_t total) {
+  while (atomic_load(&p->done) < total) spin();
+}
+
+/* Chunk c of CHUNKS of N output rows: [*n0, *n1), empty past the end. */
+static inline void chunk_rows(int64_t N, int64_t c, int64_t* n0, int64_t* n1) {
+  const int64_t chunk = (N + CHUNKS - 1) / CHUNKS;
+  *n0 = c * chunk;
+  *n1 = *n0 + chunk < N ? *n0 + chunk : N;
+}
+
 /* out[b] = x[b] / sqrt(mean(x[b]^2) + eps) * norm for rows [0, B); the mean of squares summed
    in 16 lanes (XLA's order differs: the same values to float32 rounding). */
 void rms_normalize(const float* x, const float* norm, float eps, int64_t B, int64_t H,
