@@ -1,5 +1,5 @@
 """Build glue for the one native piece: the engine's kernels (splitserve/engine/native: quantized
-matmuls, decode attention and the prompt pass's products on AMX tiles),
+matmuls, decode attention and the prompt pass's bfloat16 products),
 compiled with the C compiler into splitserve/engine/_qmatmul*.so and loaded by
 splitserve/engine/qkernel.py through ctypes and jax.ffi. Everything else is in setup.cfg.
 
@@ -33,7 +33,9 @@ setup(
                 "splitserve/engine/native/qmatmul.c",
                 "splitserve/engine/native/qmatmul_x86.c",
                 "splitserve/engine/native/attention.c",
-                "splitserve/engine/native/amx_matmul.c",
+                "splitserve/engine/native/bf16_matmul.c",
+                "splitserve/engine/native/bf16_amx.c",
+                "splitserve/engine/native/bf16_dot.c",
                 "splitserve/engine/native/layer_tail.c",
                 "splitserve/engine/native/decode_layer.c",
             ],
@@ -43,6 +45,7 @@ setup(
                 "splitserve/engine/native/qmatmul.h",
                 "splitserve/engine/native/attention.h",
                 "splitserve/engine/native/layer_tail.h",
+                "splitserve/engine/native/bf16_matmul.h",
             ],
             extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
             libraries=["m"],

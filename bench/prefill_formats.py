@@ -34,7 +34,7 @@ QUESTIONS = (
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("formats", nargs="+",
-                    help="prefill weight formats (float32, bfloat16-xla, bfloat16-amx)")
+                    help="prefill weight formats (float32, bfloat16-xla, bfloat16-native)")
     ap.add_argument("--model", default="default")
     ap.add_argument("--threads", type=int, default=1, help="XLA intra-op threads")
     ap.add_argument("--burst", type=int, default=16, help="prompts in the burst")

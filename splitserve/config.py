@@ -17,7 +17,7 @@ A cluster file (all sections optional):
     cpu_threads = 0             # the decode engine's XLA threads (0: one per CPU)
     prefill_cpu_threads = "auto"  # the prefill engine's (0: one per CPU; auto: half the CPUs)
     weight_format = "auto"      # decode's matrices: auto, float32, bfloat16, int8 or gguf
-    prefill_weight_format = "float32"  # prefill's: float32, bfloat16-xla, bfloat16-amx or auto
+    prefill_weight_format = "float32"  # prefill's: float32, bfloat16-xla, bfloat16-native, auto
     huge_pages = true           # move the engines' weights onto 2 MiB pages (Linux 6.1+)
 
     [cluster]
@@ -110,11 +110,12 @@ class ModelConfig:
     # weights and activations rounded to bfloat16, float32 sums, the head kept float32 because
     # its one row per prompt misses the matrix units: a burst of prompts 2.6x as fast where the
     # CPU has bfloat16 matrix units, Intel AMX, but 3 of 20 greedy answers of the default model
-    # changed), "bfloat16-amx" (the same numbers from the native kernel on the AMX tiles, the
-    # weights packed for them once: 3x float32's speed; XLA's products where the kernel cannot
-    # use the tiles), "auto" the third where the CPU has such units, else the first
-    # (engine.prefill_weight_format; docs/benchmarks.md, "Prefill in bfloat16", "Prefill on
-    # the tiles").
+    # changed), "bfloat16-native" (the same numbers from the native kernel, the weights packed
+    # for it once: on the AMX tiles 3x float32's speed, with AVX512-BF16's dot products where
+    # there are no tiles 1.7x; XLA's products where the CPU has neither), "auto" the third
+    # where the CPU has either, else the first (engine.prefill_weight_format;
+    # docs/benchmarks.md, "Prefill in bfloat16", "Prefill on the tiles", "Prefill in bfloat16
+    # without tiles").
     prefill_weight_format: str = "float32"
     # XLA intra-op threads of the prefill engine's process (0: one per CPU; "auto": half the
     # CPUs, at least one). Under load prefill and decode share the cores; measured on 2 cores

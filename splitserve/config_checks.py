@@ -157,14 +157,22 @@ def check_engine_threads(model: Any) -> None:
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "gguf")
 
 
-# the prefill side's: "auto", float32 (XLA's products, exact) or XLA's bfloat16 products
-PREFILL_WEIGHT_FORMATS = ("auto", "float32", "bfloat16-xla", "bfloat16-amx")
+# the prefill side's: "auto", float32 (XLA's products, exact), XLA's bfloat16 products or the
+# kernel's
+PREFILL_WEIGHT_FORMATS = ("auto", "float32", "bfloat16-xla", "bfloat16-native")
+# the names a prefill weight format had before: a cluster file that still says one is told the
+# new name rather than only the list
+RENAMED_PREFILL_WEIGHT_FORMATS = {"bfloat16-amx": "bfloat16-native"}
 
 
 def check_weight_format(model: Any) -> None:
     """Each side's weight form, at load: a bad one would only show as a failed worker."""
     if model.weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"[model] weight_format must be one of {', '.join(WEIGHT_FORMATS)}")
+    renamed = RENAMED_PREFILL_WEIGHT_FORMATS.get(model.prefill_weight_format)
+    if renamed:
+        raise ValueError(f'[model] prefill_weight_format "{model.prefill_weight_format}" is now '
+                         f'"{renamed}" (the same products, on AMX tiles or AVX512-BF16)')
     if model.prefill_weight_format not in PREFILL_WEIGHT_FORMATS:
         raise ValueError("[model] prefill_weight_format must be one of "
                          f"{', '.join(PREFILL_WEIGHT_FORMATS)}")  # fmt: skip

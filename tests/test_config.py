@@ -111,9 +111,9 @@ def test_a_weight_format_is_checked_at_load(fmt):
 
 def test_the_prefill_weight_formats_are_the_engines_own():
     from splitserve.config_checks import PREFILL_WEIGHT_FORMATS
-    from splitserve.engine.quant import BF16_AMX, BF16_XLA
+    from splitserve.engine.quant import BF16_NATIVE, BF16_XLA
 
-    assert set(PREFILL_WEIGHT_FORMATS) == {"auto", "float32", BF16_XLA, BF16_AMX}
+    assert set(PREFILL_WEIGHT_FORMATS) == {"auto", "float32", BF16_XLA, BF16_NATIVE}
     # exact by default: bfloat16 products change some answers (docs/benchmarks.md)
     model = config_from_dict({"cluster": {"run_dir": "/x"}}).model
     assert model.prefill_weight_format == "float32"
@@ -125,17 +125,24 @@ def test_the_prefill_weight_formats_are_the_engines_own():
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8", "gguf", "", 16, "BFLOAT16-XLA"])
 def test_a_prefill_weight_format_is_checked_at_load(fmt):
     with pytest.raises(ValueError, match="prefill_weight_format must be one of auto, float32, "
-                                         "bfloat16-xla, bfloat16-amx"):  # fmt: skip
+                                         "bfloat16-xla, bfloat16-native"):  # fmt: skip
         config_from_dict({"model": {"prefill_weight_format": fmt}, "cluster": {"run_dir": "/x"}})
 
 
+def test_a_renamed_prefill_weight_format_names_its_new_name():
+    with pytest.raises(ValueError, match='"bfloat16-amx" is now "bfloat16-native"'):
+        config_from_dict({"model": {"prefill_weight_format": "bfloat16-amx"},
+                          "cluster": {"run_dir": "/x"}})  # fmt: skip
+
+
 @pytest.mark.parametrize("flags, want", [
-    ({"avx2", "avx512f", "amx_tile", "amx_bf16", "amx_int8"}, "bfloat16-amx"),
-    ({"avx2", "avx512f", "avx512_bf16"}, "float32"),  # no matrix units: not measured faster
+    ({"avx2", "avx512f", "amx_tile", "amx_bf16", "amx_int8"}, "bfloat16-native"),
+    ({"avx2", "avx512f", "avx512_bf16"}, "bfloat16-native"),  # dot products, no tiles
+    ({"avx2", "avx512f", "avx512_vnni"}, "float32"),
     ({"avx2", "amx_bf16"}, "float32"),  # a tile flag without the tiles: not usable
     (set(), "float32"),
 ])  # fmt: skip
-def test_auto_prefill_weights_follow_the_cpus_bfloat16_matrix_units(flags, want, caplog):
+def test_auto_prefill_weights_follow_the_cpus_bfloat16_units(flags, want, caplog):
     from splitserve.engine import prefill_weight_format
 
     auto = config_from_dict({"model": {"prefill_weight_format": "auto"},

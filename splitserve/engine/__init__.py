@@ -59,19 +59,24 @@ def prefill_threads(model: ModelConfig, cpus: int | None = None) -> int:
 
 
 def prefill_weight_format(model: ModelConfig, flags: frozenset[str] | None = None) -> str:
-    """The prefill side's matrices ([model] prefill_weight_format): "auto" is bfloat16 products
-    on the AMX tiles where the CPU has them (bfloat16-amx: a burst of prompts 3x as fast as
-    float32, some answers changed: docs/benchmarks.md, "Prefill in bfloat16" and "Prefill on
-    the tiles"; XLA's where the kernel cannot use the tiles), float32 elsewhere (exact; bfloat16
-    without such units was not measured). `flags`: the CPU's (default: this one's)."""
+    """The prefill side's matrices ([model] prefill_weight_format): "auto" is the kernel's packed
+    bfloat16 products (bfloat16-native) where the CPU has AMX tiles (a burst of prompts 3x as
+    fast as float32: docs/benchmarks.md, "Prefill in bfloat16" and "Prefill on the tiles") or
+    AVX512-BF16's dot products (1.7x: "Prefill in bfloat16 without tiles"), float32 elsewhere
+    (exact). Some answers differ between the two. `flags`: the CPU's (default: this one's)."""
     if model.prefill_weight_format != "auto":
         return model.prefill_weight_format
-    from splitserve.engine.cpu_features import cpu_flags, has_bf16_matrix_units
+    from splitserve.engine.cpu_features import (
+        cpu_flags,
+        has_bf16_dot_products,
+        has_bf16_matrix_units,
+    )
 
-    units = has_bf16_matrix_units(cpu_flags() if flags is None else flags)
-    chosen = "bfloat16-amx" if units else "float32"
+    flags = cpu_flags() if flags is None else flags
+    units = has_bf16_matrix_units(flags) or has_bf16_dot_products(flags)
+    chosen = "bfloat16-native" if units else "float32"
     # the operator sees what "auto" became on this host (answers differ between the two)
-    log.info('prefill_weight_format "auto": %s (the CPU %s bfloat16 matrix units)', chosen,
+    log.info('prefill_weight_format "auto": %s (the CPU %s bfloat16 units)', chosen,
              "has" if units else "has no")  # fmt: skip
     return chosen
 

@@ -169,16 +169,16 @@ def _mlp(cfg: LlamaConfig, lw: dict, x, rows=None):
 def _matmul(x, w, rows=None):
     """x [..., in] float32 @ w [in, out] -> float32. A QMatrix runs in the native kernel
     (quant.py), which with `rows` (a traced count) computes only the leading rows of x and
-    zeroes the rest; XLA's matmul computes them all, in bfloat16 for a Bf16Products; an
-    AmxProducts runs on the AMX tiles (the same numbers as a Bf16Products). Other
+    zeroes the rest; XLA's matmul computes them all, in bfloat16 for a Bf16Products; a
+    PackedBf16 runs in the kernel's bfloat16 units (the same numbers as a Bf16Products). Other
     bfloat16 XLA weights (param_dtype) are widened first: CPUs without bfloat16 arithmetic
     multiply float32 far faster."""
     if isinstance(w, quant.QMatrix):
         return quant.matmul(x, w, rows)
     if isinstance(w, quant.Bf16Products):
         return quant.bf16_products(x, w)
-    if isinstance(w, quant.AmxProducts):
-        return quant.amx_products(x, w)
+    if isinstance(w, quant.PackedBf16):
+        return quant.packed_bf16_products(x, w)
     return jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32))
 
 

@@ -21,8 +21,9 @@ attention (native/attention.c):
                                           (native/decode_layer.c)
     splitserve_attention(q, cache_k, cache_v, lengths) -> out
     splitserve_prompt_attention(q, kt, v) -> out      a prompt pass's causal attention
-and a prompt pass's products on AMX tiles (native/amx_matmul.c), where `amx_ready()`:
-    splitserve_amx_bf16(x, w) -> y        x: [..., K] bfloat16, w packed (quant.pack_amx);
+and a prompt pass's bfloat16 products on AMX tiles or AVX512-BF16 (native/bf16_matmul.c),
+where `bf16_packed_unit()` names one:
+    splitserve_bf16_packed(x, w) -> y     x: [..., K] bfloat16, w packed (quant.pack_bf16);
                                           y: [..., N] float32
 """
 
@@ -38,8 +39,10 @@ import jax.numpy as jnp
 
 FORMATS = ("q8_0", "q4_1", "bf16", "f32")
 TARGETS = (*FORMATS, *(f"{f}_rows" for f in FORMATS), *(f"{f}_layer_tail" for f in FORMATS),
-           *(f"{f}_decode_layer" for f in FORMATS), "attention", "prompt_attention", "amx_bf16")
+           *(f"{f}_decode_layer" for f in FORMATS), "attention", "prompt_attention", "bf16_packed")
 ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
+# the units of the packed bfloat16 products (native/bf16_matmul.c)
+BF16_UNITS = {0: "none", 1: "avx512-bf16", 2: "amx"}
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -72,7 +75,8 @@ def _load() -> ctypes.CDLL | None:
             return None
         lib.splitserve_qkernel_set_isa.restype = ctypes.c_int
         lib.splitserve_qkernel_isa.restype = ctypes.c_int
-        lib.splitserve_amx_ready.restype = ctypes.c_int
+        lib.splitserve_bf16_unit.restype = ctypes.c_int
+        lib.splitserve_bf16_set_unit.restype = ctypes.c_int
         lib.splitserve_prompt_attention_fast.restype = ctypes.c_int
         lib.splitserve_prompt_attention_fast.argtypes = [ctypes.c_int64, ctypes.c_int64]
         _lib = lib
@@ -94,11 +98,25 @@ def isa() -> str:
     return "none" if lib is None else ISA_NAMES[lib.splitserve_qkernel_isa()]
 
 
-def amx_ready() -> bool:
-    """Whether the kernel runs bfloat16 products on AMX tiles here: the CPU has AMX-BF16, the
-    build knew the instructions, and Linux lets this process use the tiles (asked once)."""
+def bf16_packed_unit() -> str:
+    """What runs the packed bfloat16 products here: "amx" (the CPU has AMX-BF16, the build knew
+    the instructions, and Linux lets this process use the tiles), "avx512-bf16" (the CPU's
+    bfloat16 dot products, without tiles) or "none"."""
     lib = _load()
-    return lib is not None and bool(lib.splitserve_amx_ready())
+    return "none" if lib is None else BF16_UNITS[lib.splitserve_bf16_unit()]
+
+
+def bf16_packed_ready() -> bool:
+    """Whether the kernel runs the packed bfloat16 products here (on either unit)."""
+    return bf16_packed_unit() != "none"
+
+
+def set_bf16_unit(name: str | None) -> str:
+    """Use a lesser unit for the packed bfloat16 products (tests run both units a tile host
+    has), None the best; returns the one in use."""
+    lib = _require()
+    want = -1 if name is None else {v: k for k, v in BF16_UNITS.items()}[name]
+    return BF16_UNITS[lib.splitserve_bf16_set_unit(want)]
 
 
 def set_isa(name: str) -> str:
@@ -187,12 +205,13 @@ def decode_layer(fmt: str, x, cache_k, cache_v, lengths, cos, sin, attn_norm, ff
     return y, cache_k, cache_v
 
 
-def amx_bf16(x, packed, out_dim: int):
-    """x [..., K] bfloat16 @ weights packed for the tiles (quant.pack_amx; K and out_dim the
-    packed sizes, multiples of 32) -> [..., out_dim] float32, float32 sums. Inside jit."""
+def bf16_packed(x, packed, out_dim: int):
+    """x [..., K] bfloat16 @ weights packed for the bfloat16 units (quant.pack_bf16; K and
+    out_dim the packed sizes, multiples of 32) -> [..., out_dim] float32, float32 sums. Inside
+    jit."""
     _require()
     out = jax.ShapeDtypeStruct((*x.shape[:-1], out_dim), jnp.float32)
-    return jax.ffi.ffi_call("splitserve_amx_bf16", out)(x, packed)
+    return jax.ffi.ffi_call("splitserve_bf16_packed", out)(x, packed)
 
 
 def attention(q, cache_k, cache_v, lengths):

@@ -199,12 +199,13 @@ WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "gguf")
 # (AMX) that runs a prompt's products 4.5x as fast as float32 (docs/benchmarks.md, "Prefill in
 # bfloat16"); the decode side's few rows a step gain nothing from it.
 BF16_XLA = "bfloat16-xla"
-# "bfloat16-amx": the same numbers (weights and activations rounded to bfloat16, float32 sums)
-# from the native kernel on the AMX tiles, with the weights packed for the tiles once, where XLA
-# packs them on every call (docs/benchmarks.md, "Prefill on the tiles"). Where the kernel has
-# no tiles (qkernel.amx_ready), XLA's products.
-BF16_AMX = "bfloat16-amx"
-BF16_FORMS = (BF16_XLA, BF16_AMX)
+# "bfloat16-native": the same numbers (weights and activations rounded to bfloat16, float32
+# sums) from the native kernel, with the weights packed once, where XLA packs them on every call:
+# on the AMX tiles (docs/benchmarks.md, "Prefill on the tiles") or, on CPUs without tiles, with
+# AVX512-BF16's dot products ("Prefill in bfloat16 without tiles"). Where the kernel has neither
+# (qkernel.bf16_packed_ready), XLA's products.
+BF16_NATIVE = "bfloat16-native"
+BF16_FORMS = (BF16_XLA, BF16_NATIVE)
 PREFILL_FORMATS = (*WEIGHT_FORMATS, *BF16_FORMS)
 # The forms prepare_params builds: a weight format on one side. "float32-rows" is float32 in the
 # kernel's rows, the decode side's float32 where the kernel is built.
@@ -248,9 +249,9 @@ def device_matrix(weights: str, parts: Callable[[], list[np.ndarray]], native: l
         floats = parts()
         return floats[0] if len(floats) == 1 else np.concatenate(floats, axis=-1)
 
-    if weights == BF16_AMX and qkernel.amx_ready():
+    if weights == BF16_NATIVE and qkernel.bf16_packed_ready():
         w = fused()
-        return AmxProducts(jax.numpy.asarray(pack_amx(w)), w.shape[1])
+        return PackedBf16(jax.numpy.asarray(pack_bf16(w)), w.shape[1])
     if weights in BF16_FORMS:
         return Bf16Products(jax.numpy.asarray(fused(), jax.numpy.bfloat16))
     own = native and all(q is not None for q in native) and len({q.fmt for q in native}) == 1
@@ -287,11 +288,11 @@ def bf16_products(x, m: Bf16Products):
                          preferred_element_type=jax.numpy.float32)  # fmt: skip
 
 
-def pack_amx(w_in_out: np.ndarray) -> np.ndarray:
-    """Float32 [K, N] -> bfloat16 bits (round to nearest even) in the tiles' order, uint16
-    [N'/16, K'/32, 16, 32] with K', N' rounded up to multiples of 32 by zero weights: per 16
-    columns and 32 inputs one tile, whose row r holds each column's weights of inputs 2r and
-    2r + 1 side by side (native/amx_matmul.c)."""
+def pack_bf16(w_in_out: np.ndarray) -> np.ndarray:
+    """Float32 [K, N] -> bfloat16 bits (round to nearest even) in the order the kernel's bfloat16
+    units read, uint16 [N'/16, K'/32, 16, 32] with K', N' rounded up to multiples of 32 by zero
+    weights: per 16 columns and 32 inputs one block (an AMX tile), whose row r holds each
+    column's weights of inputs 2r and 2r + 1 side by side (native/bf16_matmul.h)."""
     k, n = w_in_out.shape
     kp, np_ = -(-k // 32) * 32, -(-n // 32) * 32
     padded = np.zeros((kp, np_), np.float32)
@@ -303,9 +304,9 @@ def pack_amx(w_in_out: np.ndarray) -> np.ndarray:
 
 @jax.tree_util.register_pytree_node_class
 @dataclass(frozen=True)
-class AmxProducts:
-    """A matrix [K, N] in bfloat16, packed for the AMX tiles (pack_amx): the form BF16_AMX names
-    where the kernel has them."""
+class PackedBf16:
+    """A matrix [K, N] in bfloat16, packed for the kernel's bfloat16 units (pack_bf16): the form
+    BF16_NATIVE names where the kernel has one."""
 
     w: jax.Array  # uint16 [N'/16, K'/32, 16, 32]
     out_dim: int  # N
@@ -318,15 +319,16 @@ class AmxProducts:
         return cls(arrays[0], aux)
 
 
-def amx_products(x, m: AmxProducts):
-    """x [..., K] float32 -> [..., N] float32 on the tiles: x rounded to bfloat16, float32 sums
+def packed_bf16_products(x, m: PackedBf16):
+    """x [..., K] float32 -> [..., N] float32 in the kernel's bfloat16 units (AMX tiles or
+    AVX512-BF16): x rounded to bfloat16, float32 sums
     (bf16_products' numbers, summed in another order). A K or N that is not a multiple of 32
     is padded with zeros (which add nothing) and the padding's columns are dropped."""
     x16 = x.astype(jax.numpy.bfloat16)
     k_pad = m.w.shape[1] * 32 - x.shape[-1]
     if k_pad:
         x16 = jax.numpy.pad(x16, [(0, 0)] * (x.ndim - 1) + [(0, k_pad)])
-    y = qkernel.amx_bf16(x16, m.w, m.w.shape[0] * 16)
+    y = qkernel.bf16_packed(x16, m.w, m.w.shape[0] * 16)
     return y if y.shape[-1] == m.out_dim else y[..., :m.out_dim]
 
 

@@ -1,5 +1,4 @@
-/* A prompt pass's matrix products on the CPU's AMX tiles: y [M, N] float32 = x [M, K] bfloat16
-   @ w, w bfloat16 packed once, when the weights are placed, in the order the tiles read it.
+/* The packed bfloat16 products (bf16_matmul.h) on the CPU's AMX tiles.
 
    Why a kernel of our own: XLA hands bfloat16 products to YNNPACK, which runs them on the tiles
    but packs the right-hand matrix on every call, since to XLA the weights are arguments, not
@@ -7,13 +6,8 @@
    140-token prompt of the default model spent 67 ms in YNNPACK's products and spends 47 ms
    here (one thread; docs/benchmarks.md, "Prefill on the tiles").
 
-   Layout of the packed weights (quant.pack_amx): [N/16, K/32, 16, 32] uint16, one 1 KiB tile per
-   (16 output columns, 32 inputs): tile row r holds, for each of the 16 columns c, the weights of
-   inputs 2r and 2r + 1 next to each other (c * 2 + p), the pairs TDPBF16PS multiplies.
-
-   Sums: float32, in pairs of inputs, in the tile unit's order; each output row's sums depend on
-   that row and the weights only, never on M or on the other rows, nor on which thread computes
-   which columns: a prompt gets the same values alone or in a batch. AMX flushes denormals.
+   One 1 KiB block of the packed weights is one tile. Sums: float32, in pairs of inputs, in the
+   tile unit's order. AMX flushes denormals.
 
    Threads: column blocks of 32 are shared out (parallel_for); each call of a chunk configures
    the tiles, and releases them before it returns, so XLA's pool threads carry no tile state. */
@@ -22,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ffi_common.h"
+#include "bf16_matmul.h"
 
 #if defined(SPLITSERVE_X86) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
@@ -34,14 +28,6 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* arch_prctl(2): ask the kernel for a dynamic state */
 #define XFEATURE_XTILEDATA 18
 #define ROWS_PANEL 128 /* rows of x per pass over a column block: 128 x K bf16 stays in L2 */
-
-typedef struct {
-  int64_t M, K, N;
-  const uint16_t* x; /* [M, K] bfloat16 bits */
-  const uint16_t* tail; /* x's last M % 32 rows and zero rows after them: 32 rows, or NULL */
-  const uint16_t* w; /* [N/16, K/32, 16, 32] */
-  float* y;          /* [M, N] */
-} AmxJob;
 
 #ifdef SPLITSERVE_AMX
 
@@ -67,7 +53,7 @@ TARGET_AMX static void configure(void) {
 }
 
 /* y's 32 x 32 block at (m, n) from 32 rows of x starting at `a` (row stride lda elements). */
-TARGET_AMX static void block(const AmxJob* j, const uint16_t* a, int64_t lda, int64_t n,
+TARGET_AMX static void block(const Bf16Job* j, const uint16_t* a, int64_t lda, int64_t n,
                              float* out, int64_t ldo) {
   const int64_t kb_count = j->K / 32;
   const uint16_t* b0 = j->w + (n / 16) * kb_count * 512;
@@ -94,8 +80,8 @@ TARGET_AMX static void block(const AmxJob* j, const uint16_t* a, int64_t lda, in
 }
 
 /* Column blocks [c0, c1) (of 32 columns), every row. */
-TARGET_AMX static void columns(const void* job, int64_t c0, int64_t c1) {
-  const AmxJob* j = (const AmxJob*)job;
+TARGET_AMX void amx_columns(const void* job, int64_t c0, int64_t c1) {
+  const Bf16Job* j = (const Bf16Job*)job;
   const int64_t K = j->K, N = j->N, full = j->M / 32 * 32, tail = j->M - full;
   /* the last rows' results go through a 32 x 32 buffer, so no tile writes past y */
   float out[32 * 32];
@@ -132,9 +118,7 @@ static int amx_permitted(void) {
 
 static atomic_int g_amx = -1; /* -1: not asked yet */
 
-/* 1 when this CPU has AMX-BF16 tiles, the kernel was built with them and Linux lets this
-   process use them; asks Linux the first time. */
-EXPORT int splitserve_amx_ready(void) {
+int amx_tiles_ready(void) {
   int ready = atomic_load(&g_amx);
   if (ready < 0) {
 #ifdef SPLITSERVE_AMX
@@ -147,49 +131,6 @@ EXPORT int splitserve_amx_ready(void) {
   return ready;
 }
 
-/* splitserve_amx_bf16(x bf16 [..., K], w uint16 [N/16, K/32, 16, 32]) -> y float32 [..., N];
-   K and N multiples of 32. */
-EXPORT XLA_FFI_Error* splitserve_amx_bf16(XLA_FFI_CallFrame* cf) {
-  XLA_FFI_Error* early;
-  if (ffi_preamble(cf, &early)) return early;
-  const XLA_FFI_Api* api = cf->api;
-  if (cf->args.size != 2 || cf->rets.size != 1) return ffi_error(api, "amx_bf16: wrong arity");
-  XLA_FFI_Buffer *x = ffi_arg(cf, 0), *w = ffi_arg(cf, 1), *y = ffi_ret(cf);
-  if (!x || !w || !y || x->dtype != XLA_FFI_DataType_BF16 || y->dtype != XLA_FFI_DataType_F32 ||
-      x->rank < 1 || y->rank != x->rank || w->rank != 4 ||
-      (w->dtype != XLA_FFI_DataType_U16 && w->dtype != XLA_FFI_DataType_BF16))
-    return ffi_error(api, "amx_bf16: x bfloat16 [..., K], w [N/16, K/32, 16, 32], y float32");
-  AmxJob j;
-  j.K = x->dims[x->rank - 1];
-  j.N = y->dims[y->rank - 1];
-  j.M = 1;
-  for (int64_t i = 0; i + 1 < x->rank; ++i) {
-    if (x->dims[i] != y->dims[i]) return ffi_error(api, "amx_bf16: y must have x's leading dims");
-    j.M *= x->dims[i];
-  }
-  if (j.K % 32 || j.N % 32 || w->dims[0] != j.N / 16 || w->dims[1] != j.K / 32 ||
-      w->dims[2] != 16 || w->dims[3] != 32)
-    return ffi_error(api, "amx_bf16: K and N multiples of 32, w [N/16, K/32, 16, 32]");
-  if (!splitserve_amx_ready()) return ffi_error(api, "amx_bf16: no AMX tiles for this process");
-  j.x = (const uint16_t*)x->data;
-  j.w = (const uint16_t*)w->data;
-  j.y = (float*)y->data;
-  if (j.M == 0) return NULL;
-  /* the last rows when M is not a multiple of 32, copied once into 32 zero-padded ones that
-     every column block reads, so no tile reads past x */
-  const int64_t full = j.M / 32 * 32;
-  uint16_t* tail = NULL;
-  if (j.M > full) {
-    tail = (uint16_t*)calloc(32 * (size_t)j.K, sizeof(uint16_t));
-    if (!tail) return ffi_error(api, "amx_bf16: out of memory");
-    memcpy(tail, j.x + full * j.K, (size_t)((j.M - full) * j.K) * sizeof(uint16_t));
-  }
-  j.tail = tail;
-#ifdef SPLITSERVE_AMX
-  /* parallel_for returns once every chunk is done; a pool task that starts later finds none
-     and never reads `tail` */
-  parallel_for(api, cf->ctx, j.N / 32, j.M * j.K * j.N / 8, columns, &j, sizeof j);
+#ifndef SPLITSERVE_AMX
+void amx_columns(const void* job, int64_t c0, int64_t c1) { (void)job, (void)c0, (void)c1; }
 #endif
-  free(tail);
-  return NULL;
-}
