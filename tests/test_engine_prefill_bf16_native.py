@@ -49,7 +49,8 @@ def _bf16(a: np.ndarray) -> np.ndarray:
 
 
 def _products(x, w):
-    """x @ w through the packed products (a fresh trace, so the unit set now is the one run)."""
+    """x @ w through the packed products, on the unit set now (the kernel reads it at each
+    call, so a compiled program of an earlier test runs on it too)."""
     m = quant.PackedBf16(jnp.asarray(quant.pack_bf16(w)), w.shape[1])
     return np.asarray(jax.jit(quant.packed_bf16_products)(x, m))
 

@@ -19,8 +19,9 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
 
 def has_bf16_matrix_units(flags: frozenset[str]) -> bool:
     """Intel AMX's bfloat16 tiles: XLA's bfloat16 products run on them (jaxlib 0.10's YNNPACK),
-    4.5x float32's speed on a prompt's [tokens, hidden] products (docs/benchmarks.md). AVX-512
-    BF16 alone was not measured; without either, XLA widens or emulates bfloat16 products."""
+    4.5x float32's speed on a prompt's [tokens, hidden] products (docs/benchmarks.md). Without
+    them, AVX512-BF16's dot products (has_bf16_dot_products) still run bfloat16 products at
+    twice float32's arithmetic; without either, XLA widens or emulates them."""
     return "amx_bf16" in flags and "amx_tile" in flags
 
 
