@@ -44,6 +44,7 @@ RATE_MIN_SAMPLES = 8
 class AdmissionController:
     """Counts the requests in the pipeline (`running`) and queues the rest (`waiters`).
 
+    slots() is the decode slots of the cluster (as the decode workers reported them);
     requests() lists the live requests (for the slots they hold); timings() gives the workers'
     median prefill time and decode step gap in seconds (0 while unmeasured); on_reject(reason)
     counts a refusal.
@@ -52,13 +53,13 @@ class AdmissionController:
     def __init__(
         self,
         config: RouterConfig,
-        num_slots: int,
+        slots: Callable[[], int],
         requests: Callable[[], Iterable[RequestHandle]],
         timings: Callable[[], tuple[float, float]],
         on_reject: Callable[[str], None],
     ):
         self.config = config
-        self.num_slots = num_slots
+        self.slots = slots
         self.requests = requests
         self.timings = timings
         self.on_reject = on_reject
@@ -159,11 +160,11 @@ class AdmissionController:
         """Requests allowed in the pipeline now (never more than max_running): one per decode
         slot, plus one more while a request admitted now would reach the decode worker about
         when a slot frees for it."""
-        limit = self.config.max_running
-        if self.running < self.num_slots:
-            return min(limit, self.num_slots)
+        limit, slots = self.config.max_running, self.slots()
+        if self.running < slots:
+            return min(limit, slots)
         per_prefill = self.steps_per_prefill()
-        if per_prefill and self.may_admit_ahead(per_prefill):
+        if per_prefill and self.may_admit_ahead(per_prefill, slots):
             return min(limit, self.running + 1)
         return min(limit, self.running)
 
@@ -178,7 +179,7 @@ class AdmissionController:
             return STEPS_PER_PREFILL_UNMEASURED
         return max(1, min(STEPS_PER_PREFILL_MAX, math.ceil(prefill / step)))
 
-    def may_admit_ahead(self, per_prefill: int) -> bool:
+    def may_admit_ahead(self, per_prefill: int, num_slots: int) -> bool:
         """Whether one more request, admitted now while every slot is taken or promised, would
         reach the decode worker about when a slot frees for it.
 
@@ -198,7 +199,7 @@ class AdmissionController:
             for h in requests
             if h.completion_tokens >= 2  # the first comes from prefill; the second from a slot
         )
-        k = self.running - self.num_slots + 1
+        k = self.running - num_slots + 1
         if not 1 <= k <= len(holding):
             return False
         prefilled = sum(1 for h in requests if h.completion_tokens == 1)

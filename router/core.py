@@ -86,10 +86,10 @@ class RouterCore:
                 and config.count("prefill") > 1):  # fmt: skip
             affinity = PrefixAffinity(config.model.prefix_block_tokens)
         self.placement = Placement(
-            self.workers, config.slots_of, config.router.placement, affinity
+            self.workers, self.decode_slots, config.router.placement, affinity
         )
         self.admission = AdmissionController(
-            config.router, config.total_slots, lambda: self.requests, self._timings,
+            config.router, self.total_decode_slots, lambda: self.requests, self._timings,
             lambda reason: self.metrics.rejected.labels(reason).inc(),
         )  # fmt: skip
         self.metrics = RouterMetrics(
@@ -322,9 +322,18 @@ class RouterCore:
         )  # fmt: skip
 
     # ---- workers ----
+    def decode_slots(self, index: int) -> int:
+        """Decode worker `index`'s slots: what its Ready reported (num_slots "auto" is settled
+        from its model), else as configured (0 for "auto" before it reports)."""
+        return self.workers.reported_slots(index) or self.config.slots_of(index)
+
+    def total_decode_slots(self) -> int:
+        return sum(self.decode_slots(d) for d in range(self.config.count("decode")))
+
     def _workers_changed(self, ready: WorkerState | None = None) -> None:
         """A worker's state may have changed (`ready`: it just said Ready)."""
         self.placement.refresh()
+        self.admission.grant()  # a decode worker's Ready may have brought its slots
         self._follow_detok_pool(ready)
         self._move_off_draining_detoks()
         if self.migrator.waiting:

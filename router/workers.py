@@ -179,6 +179,11 @@ class WorkerTable:
                 log.error("%s[%d] missed heartbeats: dead", w.role, w.index)
         return died
 
+    def reported_slots(self, decode_index: int) -> int:
+        """The slots decode worker `decode_index` reported in its latest Ready (0: none yet)."""
+        w = self.workers.get(("decode", decode_index))
+        return w.info.num_slots if w is not None else 0
+
     def live_detoks(self) -> list[int]:
         return self.live("detok")
 

@@ -37,7 +37,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-workers", type=int, help="prefill workers (P of xPyD; default 1)")
     p.add_argument("--decode-workers", type=int, help="decode workers (D of xPyD; default 1)")
     p.add_argument("--detok-workers", type=int, help="detokenizer processes (default 2)")
-    p.add_argument("--slots", type=int, help="decode slots per decode worker (default 16)")
+    p.add_argument("--slots", type=slot_count,
+                   help='decode slots per decode worker: a count, or "auto" (the default: as many '
+                   "as [model] kv_cache_mib holds at full length, at most [router] max_running)")
     p.add_argument("--max-seq-len", "--max-model-len", type=int, dest="max_seq_len",
                    help="context length: prompt plus output tokens (default 2048)")
     p.add_argument("--enable-prefix-caching", dest="prefix_cache", action="store_true",
@@ -84,6 +86,16 @@ def add_api_key_args(p: argparse.ArgumentParser) -> None:
     # refused with a reason: a key on a command line is readable in /proc/PID/cmdline
     p.add_argument("--api-key", metavar="KEY", help="not accepted (every local user can read a "
                    f"command line): use --api-key-file or {API_KEY_ENV}")  # fmt: skip
+
+
+def slot_count(text: str) -> int | str:
+    """--slots: "auto" or a count (the configuration checks its range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r}: "auto" or a count of slots') from None
 
 
 def api_key_from(args: argparse.Namespace, environ: dict[str, str]) -> str | None:

@@ -9,7 +9,8 @@ A cluster file (all sections optional):
     path = "default"            # .gguf file, Hugging Face folder, "random:<preset>", or "default"
     tokenizer = ""              # defaults to the model path (GGUF vocab or HF folder)
     chat_template = ""          # a Jinja file that replaces the model's own chat template
-    num_slots = 16
+    num_slots = "auto"          # decode slots (the batch size): auto sizes them from kv_cache_mib
+    kv_cache_mib = 2048         # with num_slots auto: every slot's KV cache at max_seq_len fits
     max_seq_len = 2048
     prefill_batch_tokens = 256  # prompt tokens the prefill worker runs in one batched call
     decode_steps = 4            # decode steps per dispatch while nothing waits (1: one a call)
@@ -72,6 +73,7 @@ from splitserve.config_checks import (
     check_engine_threads,
     check_prefix_cache,
     check_private,
+    check_slots,
     check_transport_security,
     check_weight_format,
     parse_role_cpus,
@@ -94,7 +96,13 @@ class ModelConfig:
     # a Jinja file whose template replaces the model's own (GGUF metadata, chat_template.jinja,
     # tokenizer_config.json); read by the router at start-up (splitserve/tokenizers/chat_sources.py)
     chat_template: str = ""
-    num_slots: int = 16
+    # decode slots of each decode worker (the most requests its batch runs at once): "auto" is
+    # the largest power of two whose KV caches, every one at max_seq_len positions, fit in
+    # kv_cache_mib, at most [router] max_running (engine/slot_count.py): 16 for the default
+    # model, 64 for a small one. The decode worker settles it from the model when it loads it,
+    # and reports it in Ready; the router places and admits by the reported count.
+    num_slots: int | str = "auto"
+    kv_cache_mib: float = 2048  # MiB; a fraction for a small bound (tests of few slots)
     max_seq_len: int = 2048
     compile_cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "jax")
     # XLA intra-op threads of the decode engine's process (0: one per CPU).
@@ -267,10 +275,11 @@ class ClusterConfig:
         return len(self.addresses.of(role))
 
     def slots_of(self, decode_index: int) -> int:
-        """Decode slots (the batch size) of one decode worker."""
+        """Decode slots (the batch size) of one decode worker as configured; 0 for "auto",
+        which the worker settles from its model (the router uses what its Ready reports)."""
         if self.decode_slots:
             return self.decode_slots[decode_index]
-        return self.model.num_slots
+        return self.model.num_slots if isinstance(self.model.num_slots, int) else 0
 
     def endpoint_of(self, role: str, index: int) -> str:
         """Where worker (role, index) listens. An index past the configured list (a detok worker
@@ -297,8 +306,10 @@ class ClusterConfig:
         return None
 
     @property
-    def total_slots(self) -> int:
-        return sum(self.slots_of(d) for d in range(self.count("decode")))
+    def most_slots(self) -> int:
+        """The most decode slots the cluster can have: "auto" settles at most max_running."""
+        most = self.router.max_running
+        return sum(self.slots_of(d) or most for d in range(self.count("decode")))
 
 
 def _build(cls, values: dict[str, Any], section: str):
@@ -422,6 +433,7 @@ def config_from_dict(
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     check_prefix_cache(model)
+    check_slots(model)
     check_engine_batching(model)
     check_engine_threads(model)
     check_weight_format(model)

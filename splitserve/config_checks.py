@@ -122,7 +122,21 @@ def check_addresses(addresses: Any) -> None:
         seen[endpoint] = where
 
 
+# decode slots a worker may be configured with: a batch this large is far past where a step on
+# a CPU stops gaining from more rows; the cap keeps a typo from allocating a cache for it
+MAX_SLOTS = 4096
 MAX_DECODE_STEPS = 32  # a stop string or an abort waits for the chunk in flight: keep it short
+
+
+def check_slots(model: Any) -> None:
+    """The decode slot count and the KV budget "auto" sizes it from, at load: a bad one would
+    only show as a decode worker that fails to start."""
+    slots = model.num_slots
+    if slots != "auto" and (type(slots) is not int or not 1 <= slots <= MAX_SLOTS):
+        raise ValueError(f'[model] num_slots must be "auto" or a count of slots, 1 to {MAX_SLOTS}')
+    budget = model.kv_cache_mib
+    if type(budget) not in (int, float) or not 0 < budget <= 1 << 30:
+        raise ValueError("[model] kv_cache_mib must be a size in MiB above 0")
 
 
 def check_engine_batching(model: Any) -> None:

@@ -46,7 +46,7 @@ def control_message_bytes(config: ClusterConfig) -> int:
         + stop_strings_bytes()
         + LOGITS_CONTROLS_BYTES
         + (2 * BYTES_PER_CONTEXT_TOKEN + BYTES_PER_SCORED_TOKEN) * model.max_seq_len
-        + BYTES_PER_SLOT * config.total_slots
+        + BYTES_PER_SLOT * config.most_slots
     )
 
 

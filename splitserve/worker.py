@@ -141,10 +141,11 @@ class WorkerLoop:
     def make_engine(self) -> Engine:
         """This role's engine, as the configuration names it (prefill and decode roles)."""
         model = self.config.model
-        if self.role == "decode":  # decode workers may differ in their batch size
+        if self.role == "decode" and self.config.decode_slots:  # workers may differ in batch size
             model = dataclasses.replace(model, num_slots=self.config.slots_of(self.index))
         self.startup.phase(f"loading the model ({model.engine} engine, {model.path})")
-        engine = build_engine(model, engine_vocab_size(model), role=self.role)
+        engine = build_engine(model, engine_vocab_size(model), role=self.role,
+                              most_slots=self.config.router.max_running)  # fmt: skip
         if model.engine == "jax":
             self.startup.phase("compiling the warm-up programs")
         return engine

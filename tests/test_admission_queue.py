@@ -25,7 +25,9 @@ class Running:
 def controller(requests: list, **router) -> tuple[AdmissionController, list[str]]:
     rejected: list[str] = []
     config = RouterConfig(**{"max_running": 1, "max_queued": 8, **router})
-    ctl = AdmissionController(config, 1, lambda: requests, lambda: (0.0, 0.0), rejected.append)
+    ctl = AdmissionController(
+        config, lambda: 1, lambda: requests, lambda: (0.0, 0.0), rejected.append
+    )
     return ctl, rejected
 
 

@@ -12,16 +12,20 @@ from splitserve.engine.interface import Engine
 log = logging.getLogger(__name__)
 
 
-def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -> Engine:
+def build_engine(
+    model: ModelConfig, vocab_size: int, role: str | None = None, most_slots: int = 64
+) -> Engine:
     """The engine a worker drives. vocab_size (the tokenizer's) sizes the fake engine only;
     role ("prefill" or "decode") picks the XLA thread count (model.cpu_threads is decode's,
     model.prefill_cpu_threads prefill's) and the side whose weights the JAX engine prepares
-    (None: both, as benchmarks use it)."""
+    (None: both, as benchmarks use it); most_slots holds num_slots "auto" ([router]
+    max_running: slots beyond what runs at once would never fill)."""
     if model.engine == "fake":
         from splitserve.engine.fake import FakeEngine
+        from splitserve.engine.slot_count import FAKE_ENGINE_SLOTS
 
         return FakeEngine(
-            model.num_slots,
+            model.num_slots if model.num_slots != "auto" else FAKE_ENGINE_SLOTS,
             model.max_seq_len,
             vocab_size,
             step_s=model.fake_step_s,
@@ -39,6 +43,7 @@ def build_engine(model: ModelConfig, vocab_size: int, role: str | None = None) -
     executables = os.path.join(cache, "executables") if cache else None
     return build_jax_engine(
         resolve_model_path(model.path), model.num_slots, model.max_seq_len,
+        kv_cache_bytes=int(model.kv_cache_mib * (1 << 20)), most_slots=most_slots,
         prefill_buckets=tuple(model.prefill_buckets) or None,
         prefix_reuse=model.prefix_cache and role == "prefill",
         executable_dir=executables,
@@ -90,8 +95,10 @@ def batching_options(model: ModelConfig, role: str | None) -> dict:
     if role != "decode":
         budget = model.prefill_batch_tokens
         # counts 1, 2, 4, ... up to a call of the shortest (16-token) prompts, at most
-        # num_slots: more prompts than decode slots would wait at decode anyway
-        largest = max(1, min(model.num_slots, budget // 16))
+        # num_slots: more prompts than decode slots would wait at decode anyway ("auto" slots
+        # are settled by the decode worker's model: the budget alone bounds them here)
+        slots = model.num_slots if model.num_slots != "auto" else budget
+        largest = max(1, min(slots, budget // 16))
         options["prefill_counts"] = length_buckets(1, largest)
         options["prefill_batch_tokens"] = max(budget, 1)
         options["prefill_weight_format"] = prefill_weight_format(model)

@@ -48,6 +48,7 @@ rows of a decode step jax_controlled.py.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import partial
 
@@ -84,9 +85,12 @@ from splitserve.engine.jax_prefill import PrefillPath
 from splitserve.engine.jax_prefix import PrefixReuse
 from splitserve.engine.llama_config import LlamaConfig
 from splitserve.engine.model_files import load_model, load_native
+from splitserve.engine.slot_count import auto_slots
 from splitserve.engine.slot_rows import SlotRows
 
 __all__ = ["JaxEngine", "build_jax_engine", "load_model", "load_native"]
+
+log = logging.getLogger(__name__)
 
 
 class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Engine):
@@ -463,11 +467,25 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         return ints, floats
 
 
-def build_jax_engine(model: str, num_slots: int, max_seq_len: int, **options) -> JaxEngine:
+def build_jax_engine(
+    model: str, num_slots: int | str, max_seq_len: int, *, kv_cache_bytes: int = 0,
+    most_slots: int = 0, **options,
+) -> JaxEngine:  # fmt: skip
     """The factory worker processes call; `options` go to JaxEngine (buckets, formats, sides).
-    A GGUF file's own blocks are read only when a side this engine runs may use them."""
+    num_slots "auto": as many as kv_cache_bytes holds at max_seq_len, at most most_slots
+    (slot_count.py). A GGUF file's own blocks are read only when a side this engine runs may
+    use them."""
     cfg, weights = load_model(model)
     sides = options.get("sides", ("prefill", "decode"))
+    if num_slots == "auto":
+        itemsize = np.dtype(options.get("cache_dtype", np.float32)).itemsize
+        per_token = cfg.kv_bytes_per_token(itemsize)
+        num_slots = auto_slots(per_token, max_seq_len, kv_cache_bytes, most_slots)
+        per_slot = per_token * max_seq_len
+        if "decode" in sides:  # the operator sees what "auto" became, and from what
+            log.info('num_slots "auto": %d (%.1f MiB of KV cache a slot at %d positions, '
+                     "within %.0f MiB, at most %d)", num_slots, per_slot / (1 << 20),
+                     max_seq_len, kv_cache_bytes / (1 << 20), most_slots)  # fmt: skip
     formats = {options.get("prefill_weight_format")}
     if "decode" in sides:
         formats.add(options.get("weight_format", "auto"))

@@ -37,6 +37,10 @@ class LlamaConfig:
         """Query heads that share one KV head."""
         return self.heads // self.kv_heads
 
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        """The K and V of one position in every layer, `itemsize` bytes a number."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
+
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
