@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from splitserve.config import ModelConfig
+from splitserve.config import ModelConfig, RouterConfig
 from splitserve.engine.buckets import length_buckets
 from splitserve.engine.interface import Engine
 
@@ -13,7 +13,10 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(
-    model: ModelConfig, vocab_size: int, role: str | None = None, most_slots: int = 64
+    model: ModelConfig,
+    vocab_size: int,
+    role: str | None = None,
+    most_slots: int = RouterConfig.max_running,
 ) -> Engine:
     """The engine a worker drives. vocab_size (the tokenizer's) sizes the fake engine only;
     role ("prefill" or "decode") picks the XLA thread count (model.cpu_threads is decode's,
