@@ -50,11 +50,6 @@ def control_message_bytes(config: ClusterConfig) -> int:
     )
 
 
-def llama_kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """K and V of one token in every layer: what a prefix costs per prompt token."""
-    return 2 * layers * kv_heads * head_dim * itemsize
-
-
 def decode_message_bytes(config: ClusterConfig, kv_bytes_per_token: int) -> int:
     """The decode worker's limit: a prefix of the whole context in one frame (k and v together,
     whatever way an engine splits them into frames), plus its header."""
@@ -80,7 +75,7 @@ def prefix_send_hwm(config: ClusterConfig, kv_bytes_per_token: int) -> int:
 
 def max_message_bytes(role: str, config: ClusterConfig, kv_bytes_per_token: int = 0) -> int:
     """The receiver's ZMQ_MAXMSGSIZE for a role ("router", "prefill", "decode", "detok");
-    the decode worker's needs its engine's KV bytes per token (llama_kv_bytes_per_token)."""
+    the decode worker's needs its engine's KV bytes per token (Engine.kv_bytes_per_token)."""
     if role == "decode":
         if kv_bytes_per_token <= 0:
             raise ValueError("the decode worker's limit needs the engine's KV bytes per token")

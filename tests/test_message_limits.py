@@ -16,21 +16,20 @@ from splitserve.engine.interface import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
 from splitserve.message_limits import (
     control_message_bytes,
-    llama_kv_bytes_per_token,
     max_message_bytes,
     stop_strings_bytes,
 )
 from splitserve.protocol import Abort, GenerateRequest, TransportCounters
 from splitserve.tokenizers import load_tokenizer
 from splitserve.transport import Receiver
+from tests.default_shape import default_model_shape
 from tests.pipeline_util import make_config, run
 
 
 def test_the_decode_limit_holds_a_prefix_of_the_whole_context(tokenizer_512):
     config = make_config(tokenizer_512, model={"max_seq_len": 2048})
-    # SmolLM2-135M: 30 layers, 3 KV heads of 64, a float32 cache
-    per_token = llama_kv_bytes_per_token(30, 3, 64, 4)
-    assert per_token == 46_080
+    per_token = default_model_shape().kv_bytes_per_token(4)  # a float32 cache
+    assert per_token == 46_080  # SmolLM2-135M: 30 layers, 3 KV heads of 64
     limit = max_message_bytes("decode", config, per_token)
     assert limit >= per_token * 2048 > 90e6  # one frame may hold k and v of 2048 tokens
     assert limit < 2 * per_token * 2048  # and not much more

@@ -15,7 +15,6 @@ from splitserve.engine.interface import SamplingParams
 from splitserve.message_limits import (
     HEADER_MARGIN_BYTES,
     PREFIX_QUEUE_BYTES,
-    llama_kv_bytes_per_token,
     prefix_send_hwm,
 )
 from splitserve.protocol import (
@@ -26,6 +25,7 @@ from splitserve.protocol import (
     TransportCounters,
 )
 from splitserve.transport import SEND_HWM, Receiver, Sender
+from tests.default_shape import default_model_shape
 from tests.pipeline_util import make_config
 
 DEADLINE_S = 60.0
@@ -33,7 +33,7 @@ DEADLINE_S = 60.0
 
 def test_the_default_models_prefix_queue_holds_about_a_gib(tokenizer_512):
     config = make_config(tokenizer_512, model={"max_seq_len": 2048})
-    per_token = llama_kv_bytes_per_token(30, 3, 64, 4)  # SmolLM2-135M, a float32 cache
+    per_token = default_model_shape().kv_bytes_per_token(4)  # SmolLM2-135M, a float32 cache
     hwm = prefix_send_hwm(config, per_token)
     assert hwm == 11  # not the 100,000 of the control senders: 9 TB of prefixes
     assert hwm * (per_token * 2048 + HEADER_MARGIN_BYTES) <= PREFIX_QUEUE_BYTES

@@ -14,18 +14,16 @@ from splitserve.cli import add_serve_args, config_from_args
 from splitserve.config import config_from_dict
 from splitserve.engine import build_engine
 from splitserve.engine.jax_engine import build_jax_engine
-from splitserve.engine.llama_config import LlamaConfig, preset
+from splitserve.engine.llama_config import preset
 from splitserve.engine.slot_count import FAKE_ENGINE_SLOTS, auto_slots
+from tests.default_shape import default_model_shape
 from tests.pipeline_util import make_config, pipeline, run, worker_loads
 
 GIB = 1 << 30
-# SmolLM2-135M (the default model): 30 layers, 3 KV heads of 64
-DEFAULT_MODEL = LlamaConfig(vocab_size=49152, hidden=576, intermediate=1536, layers=30, heads=9,
-                            kv_heads=3, head_dim=64, tie_embeddings=True)  # fmt: skip
 
 
 def test_the_default_budget_gives_the_default_model_16_slots_and_a_small_one_64():
-    per_token = DEFAULT_MODEL.kv_bytes_per_token(4)
+    per_token = default_model_shape().kv_bytes_per_token(4)  # the installed checkpoint's
     assert per_token * 2048 == 94_371_840  # 90 MiB a slot at full length
     assert auto_slots(per_token, 2048, 2 * GIB, 64) == 16  # 22 fit: the power of two below
     assert auto_slots(preset("tiny-7m").kv_bytes_per_token(4), 2048, 2 * GIB, 64) == 64

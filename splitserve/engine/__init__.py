@@ -100,8 +100,10 @@ def batching_options(model: ModelConfig, role: str | None) -> dict:
         # counts 1, 2, 4, ... up to a call of the shortest (16-token) prompts, at most
         # num_slots: more prompts than decode slots would wait at decode anyway ("auto" slots
         # are settled by the decode worker's model: the budget alone bounds them here)
-        slots = model.num_slots if model.num_slots != "auto" else budget
-        largest = max(1, min(slots, budget // 16))
+        largest = budget // 16
+        if model.num_slots != "auto":
+            largest = min(largest, model.num_slots)
+        largest = max(1, largest)
         options["prefill_counts"] = length_buckets(1, largest)
         options["prefill_batch_tokens"] = max(budget, 1)
         options["prefill_weight_format"] = prefill_weight_format(model)
