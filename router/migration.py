@@ -5,7 +5,8 @@ them) and the length of the text sent. A move bumps the request's placement epoc
 and the router drop messages of older epochs, so nothing a dead (or frozen, then woken) worker
 still sends can reach the client twice.
 
-- Its detok worker died and it has tokens (its decode worker holds it): only the stream moves.
+- Its detok worker died and it has tokens (its decode worker holds it, its prefill of this epoch
+  done): only the stream moves.
   The ring picks another detok worker, which gets ResumeStream (the tokens so far: it rebuilds the
   text state, emitting nothing) and the decode worker gets Repin (send the tokens from position n
   on, and later ones, there).
@@ -64,8 +65,10 @@ class Migrator:
             stamp = handle.stamp
             if w.role == "detok":
                 hit = stamp.detok == w.index
-            elif w.role == "prefill":
-                hit = stamp.prefill == w.index and not handle.completion_tokens
+            elif w.role == "prefill":  # its prefill (a resumed request's too) is still there
+                hit = stamp.prefill == w.index and (
+                    not handle.completion_tokens or handle.prefill_pending
+                )
             else:
                 hit = stamp.decode == w.index
             if hit:
@@ -84,7 +87,11 @@ class Migrator:
         handle.unplanned_moves += 0 if planned else 1
         handle.last_progress = time.monotonic()  # the stall clock starts again after a move
         self.moved(lost)
-        if lost == "detok" and handle.completion_tokens and handle.placed:
+        # A resumed request whose prefill is still running is placed anew: that prefill sends
+        # its first token to the detok worker it was stamped with, which a Repin to the decode
+        # worker does not redirect (the new detok worker then waited for it forever)
+        stream_only = handle.completion_tokens and handle.placed and not handle.prefill_pending
+        if lost == "detok" and stream_only:
             # the decode worker keeps it; the old detok worker (if it lives on) forgets it
             self.links().abort_soon(handle.request_id, old, ("detok",))
             self.move_stream(handle, old)
