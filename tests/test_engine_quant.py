@@ -49,7 +49,8 @@ def test_kernel_equals_the_reference_product_and_is_batch_invariant(isa, fmt):
         # float32 sums of K products: well inside 1e-5 of the largest output
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
         # every row is bit-identical to its product alone, whatever else is in the batch (the
-        # kernel takes batch rows in passes of up to 8, or 6 beside two q4_1 or four f32 rows;
+        # kernel takes batch rows in passes of up to 8, or 6 beside two q4_1 rows, two q8_0
+        # rows (from 16 batch rows) or four f32 rows;
         # on AVX2, q8_0, q4_1 and bf16 from 3 batch rows and f32 from 9 in tiles of 3 weight x
         # 4 batch rows)
         np.testing.assert_array_equal(got, alone[:b])
@@ -74,23 +75,26 @@ def test_kernel_computes_the_live_rows_only_and_the_same_bits(isa, fmt):
         np.testing.assert_array_equal(np.asarray(_matmul(x, m, jnp.int32(outside))), full)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "f32"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "f32"])
 def test_rows_taken_in_groups_and_the_odd_ones_out_give_the_same_bits(isa, fmt):
-    """An odd number of weight rows: the kernel takes q4_1 rows two at a time and float32 rows
-    four at a time beside several batch rows (one at a time up to 4 batch rows), on AVX2 both
-    three at a time beside 4 batch rows (f32 from 9 batch rows), and the last ones alone; every
-    output equals the product of its batch row alone."""
+    """An odd number of weight rows: the kernel takes q4_1 rows two at a time, q8_0 rows two at
+    a time from 16 batch rows and float32 rows four at a time beside several batch rows (one at
+    a time up to 4 batch rows), on AVX2 all three at a time beside 4 batch rows (f32 from 9
+    batch rows), and the last ones alone; every output equals the product of its batch row
+    alone."""
     rng = np.random.default_rng(3)
     n = 41
     w = rng.standard_normal((n, K)).astype(np.float32)
     if fmt == "q4_1":
         rows = quant.from_gguf_blocks("Q4_1", gguf.quants.quantize(w, Q.Q4_1), (n, K))
+    elif fmt == "q8_0":
+        rows = quant.from_gguf_blocks("Q8_0", gguf.quants.quantize(w, Q.Q8_0), (n, K))
     else:
         rows = quant.from_float("f32", w.T)
     m = quant.QMatrix.from_rows(rows)
-    x = rng.standard_normal((16, K)).astype(np.float32)
+    x = rng.standard_normal((23, K)).astype(np.float32)
     alone = np.stack([np.asarray(_matmul(x[r : r + 1], m))[0] for r in range(len(x))])
-    for b in (2, 4, 5, 8, 13, 16):
+    for b in (2, 4, 5, 8, 13, 16, 23):
         np.testing.assert_array_equal(np.asarray(_matmul(x[:b], m)), alone[:b])
     want = x.astype(np.float64) @ quant.dequantize(rows)
     assert np.abs(alone - want).max() <= 1e-5 * np.abs(want).max()
