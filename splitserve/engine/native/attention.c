@@ -102,6 +102,58 @@ TARGET_AVX512 static inline float softmax_avx512(float* sg, int64_t L) {
   return _mm512_reduce_add_ps(sum);
 }
 
+/* item_avx512's register blocks, each of compile-time size (GN query heads, DN 16-lane pieces
+   of a head: each `const int` is a constant where the function is inlined), so that the
+   accumulators stay in registers. With the sizes taken from the data the compiler kept them
+   in memory and copied them with memmove: at 16 live rows of the default model (3 query heads
+   a KV head, D = 64, ~120 positions) attention took 15% of a one-thread decode step, now 9%
+   (perf samples of bench/engine_steps.py gguf:16). The operations and their order are the
+   same either way, so are the bits. Four pieces of positions a pass (each broadcast query
+   value feeding four multiply-adds) measured no better: the caches' reads set the pace. */
+
+/* s[g * C + c0 ..] for GN (<= 4) query heads at the 16 positions from c0 (lanes of mask m). */
+TARGET_AVX512 INLINE void scores_avx512(const float* q, const float* kt, int64_t D, int64_t C,
+                                        int64_t c0, __mmask16 m, float* s, const int GN) {
+  __m512 acc[4];
+  for (int g = 0; g < GN; ++g) acc[g] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const __m512 k = _mm512_maskz_loadu_ps(m, kt + d * C + c0);
+    for (int g = 0; g < GN; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * D + d]), k, acc[g]);
+  }
+  for (int g = 0; g < GN; ++g) _mm512_mask_storeu_ps(s + g * C + c0, m, acc[g]);
+}
+
+/* o[g * D + d0 ..] = sum_c p[g, c] v[c, d0 ..] / total[g] for GN (<= 4) query heads and DN
+   (<= 4) 16-lane pieces from d0. */
+TARGET_AVX512 INLINE void values_avx512(const float* p, int64_t C, const float* v, int64_t D,
+                                        int64_t L, const float* total, float* o, const int GN,
+                                        const int DN) {
+  __m512 acc[4][4];
+  for (int g = 0; g < GN; ++g)
+    for (int i = 0; i < DN; ++i) acc[g][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < L; ++c) {
+    const float* vc = v + c * D;
+    __m512 vv[4];
+    for (int i = 0; i < DN; ++i) vv[i] = _mm512_loadu_ps(vc + 16 * i);
+    for (int g = 0; g < GN; ++g) {
+      const __m512 pg = _mm512_set1_ps(p[g * C + c]);
+      for (int i = 0; i < DN; ++i) acc[g][i] = _mm512_fmadd_ps(pg, vv[i], acc[g][i]);
+    }
+  }
+  for (int g = 0; g < GN; ++g) {
+    const __m512 inv = _mm512_set1_ps(1.0f / total[g]);
+    for (int i = 0; i < DN; ++i) _mm512_storeu_ps(o + g * D + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+  }
+}
+
+#define VALUES_DN(GN)                                                                   \
+  switch (dn) {                                                                         \
+    case 1: values_avx512(p, C, vd, D, L, tg, og, GN, 1); break;                        \
+    case 2: values_avx512(p, C, vd, D, L, tg, og, GN, 2); break;                        \
+    case 3: values_avx512(p, C, vd, D, L, tg, og, GN, 3); break;                        \
+    default: values_avx512(p, C, vd, D, L, tg, og, GN, 4); break;                       \
+  }
+
 TARGET_AVX512 static void item_avx512(const AttnJob* j, int64_t r, int64_t h, float* s) {
   const int64_t G = j->G, D = j->D, C = j->C, L = length_of(j, r);
   const float* q = j->q + (r * j->KV + h) * G * D;
@@ -112,15 +164,14 @@ TARGET_AVX512 static void item_avx512(const AttnJob* j, int64_t r, int64_t h, fl
   for (int64_t c0 = 0; c0 < L; c0 += 16) {
     const __mmask16 m = L - c0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (L - c0)) - 1);
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
-      const int64_t gn = G - g0 < 4 ? G - g0 : 4;
-      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                       _mm512_setzero_ps()};
-      for (int64_t d = 0; d < D; ++d) {
-        const __m512 k = _mm512_maskz_loadu_ps(m, kt + d * C + c0);
-        for (int64_t g = 0; g < gn; ++g)
-          acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[(g0 + g) * D + d]), k, acc[g]);
+      const float* qg = q + g0 * D;
+      float* sg = s + g0 * C;
+      switch (G - g0 < 4 ? G - g0 : 4) {
+        case 1: scores_avx512(qg, kt, D, C, c0, m, sg, 1); break;
+        case 2: scores_avx512(qg, kt, D, C, c0, m, sg, 2); break;
+        case 3: scores_avx512(qg, kt, D, C, c0, m, sg, 3); break;
+        default: scores_avx512(qg, kt, D, C, c0, m, sg, 4); break;
       }
-      for (int64_t g = 0; g < gn; ++g) _mm512_mask_storeu_ps(s + (g0 + g) * C + c0, m, acc[g]);
     }
   }
   /* softmax per query head */
@@ -129,28 +180,22 @@ TARGET_AVX512 static void item_avx512(const AttnJob* j, int64_t r, int64_t h, fl
   /* out[g] = sum_c p[g, c] v[c] / total[g], 64 dims and up to 4 heads at a time */
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     const int64_t dn = D - d0 < 64 ? (D - d0 + 15) / 16 : 4;
+    const float* vd = v + d0;
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
-      const int64_t gn = G - g0 < 4 ? G - g0 : 4;
-      __m512 acc[4][4];
-      for (int64_t g = 0; g < 4; ++g)
-        for (int64_t i = 0; i < 4; ++i) acc[g][i] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < L; ++c) {
-        const float* vc = v + c * D + d0;
-        __m512 vv[4];
-        for (int64_t i = 0; i < dn; ++i) vv[i] = _mm512_loadu_ps(vc + 16 * i);
-        for (int64_t g = 0; g < gn; ++g) {
-          const __m512 p = _mm512_set1_ps(s[(g0 + g) * C + c]);
-          for (int64_t i = 0; i < dn; ++i) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]);
-        }
-      }
-      for (int64_t g = 0; g < gn; ++g) {
-        const __m512 inv = _mm512_set1_ps(1.0f / total[g0 + g]);
-        for (int64_t i = 0; i < dn; ++i)
-          _mm512_storeu_ps(o + (g0 + g) * D + d0 + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+      const float* p = s + g0 * C;
+      const float* tg = total + g0;
+      float* og = o + g0 * D + d0;
+      switch (G - g0 < 4 ? G - g0 : 4) {
+        case 1: VALUES_DN(1) break;
+        case 2: VALUES_DN(2) break;
+        case 3: VALUES_DN(3) break;
+        default: VALUES_DN(4) break;
       }
     }
   }
 }
+
+#undef VALUES_DN
 
 /* ---- AVX2 ----------------------------------------------------------------------------------- */
 
@@ -183,7 +228,7 @@ TARGET_AVX2 static inline __m256i lanes_avx2(int64_t left) {
 
 /* The AVX2 passes work on register blocks of compile-time size (each `const int` below is a
    constant where the function is inlined), so the accumulators stay in registers: with the
-   sizes taken from the data (as in item_avx512) the compiler kept them in memory: 37.7 against
+   sizes taken from the data (as item_avx512 once had them) the compiler kept them in memory: 37.7 against
    12.5 us for a layer's three KV heads at 181 positions from cache (default model, one row). */
 
 /* Scores of GN (<= 3) query heads at positions [c0, c0 + 24): s[g * S + c] = q[g] . K[:, c].
