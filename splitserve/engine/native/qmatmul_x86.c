@@ -78,6 +78,31 @@ TARGET_AVX512 INLINE void q4_1_avx512_cb(const Job* j, int64_t n, int64_t b0, co
    the same at 1 and 8. Six batch rows: 24 accumulators, 4 weight registers, 2 of x. */
 #define PAIR_CB 6
 
+/* The pair passes' accumulators (a0: row n, a1: row n + 1; lo, hi: a block's halves), their
+   multiply-adds with the block's weights lo0, hi0, lo1, hi1 for every batch row of the pass,
+   and the stores of the sums: shared by the q4_1 and q8_0 pairs, which differ only in how
+   they widen a block. */
+#define PAIR_ZERO()                                                           \
+  __m512 a0lo[MAX_CB], a0hi[MAX_CB], a1lo[MAX_CB], a1hi[MAX_CB]; /* cb <= PAIR_CB */ \
+  for (int b = 0; b < cb; ++b) a0lo[b] = a0hi[b] = a1lo[b] = a1hi[b] = _mm512_setzero_ps();
+
+#define PAIR_ACCUMULATE()                                                     \
+  for (int b = 0; b < cb; ++b) {                                              \
+    const float* xb = x + (b0 + b) * K + blk * BLOCK;                         \
+    const __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);     \
+    a0lo[b] = _mm512_fmadd_ps(lo0, xl, a0lo[b]);                              \
+    a1lo[b] = _mm512_fmadd_ps(lo1, xl, a1lo[b]);                              \
+    a0hi[b] = _mm512_fmadd_ps(hi0, xh, a0hi[b]);                              \
+    a1hi[b] = _mm512_fmadd_ps(hi1, xh, a1hi[b]);                              \
+  }
+
+#define PAIR_STORE()                                                          \
+  for (int b = 0; b < cb; ++b) {                                              \
+    float* yb = j->y + (b0 + b) * j->N + n;                                   \
+    yb[0] = _mm512_reduce_add_ps(_mm512_add_ps(a0lo[b], a0hi[b]));            \
+    yb[1] = _mm512_reduce_add_ps(_mm512_add_ps(a1lo[b], a1hi[b]));            \
+  }
+
 TARGET_AVX512 INLINE void q4_1_avx512_pair(const Job* j, int64_t n, int64_t b0, const int cb,
                                            const float* ds0, const float* ms0, const float* ds1,
                                            const float* ms1) {
@@ -86,8 +111,7 @@ TARGET_AVX512 INLINE void q4_1_avx512_pair(const Job* j, int64_t n, int64_t b0, 
   const uint8_t* q0 = (const uint8_t*)j->w + n * (K / 2);
   const uint8_t* q1 = q0 + K / 2;
   const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  __m512 a0lo[MAX_CB], a0hi[MAX_CB], a1lo[MAX_CB], a1hi[MAX_CB]; /* cb <= PAIR_CB */
-  for (int b = 0; b < cb; ++b) a0lo[b] = a0hi[b] = a1lo[b] = a1hi[b] = _mm512_setzero_ps();
+  PAIR_ZERO()
   for (int64_t blk = 0; blk < nb; ++blk) {
     const __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds0[blk]), _mm512_set1_ps(ms0[blk]));
     const __m512 t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds1[blk]), _mm512_set1_ps(ms1[blk]));
@@ -97,20 +121,9 @@ TARGET_AVX512 INLINE void q4_1_avx512_pair(const Job* j, int64_t n, int64_t b0, 
     const __m512 hi0 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0);
     const __m512 lo1 = _mm512_permutexvar_ps(v1, t1);
     const __m512 hi1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), t1);
-    for (int b = 0; b < cb; ++b) {
-      const float* xb = x + (b0 + b) * K + blk * BLOCK;
-      const __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);
-      a0lo[b] = _mm512_fmadd_ps(lo0, xl, a0lo[b]);
-      a1lo[b] = _mm512_fmadd_ps(lo1, xl, a1lo[b]);
-      a0hi[b] = _mm512_fmadd_ps(hi0, xh, a0hi[b]);
-      a1hi[b] = _mm512_fmadd_ps(hi1, xh, a1hi[b]);
-    }
+    PAIR_ACCUMULATE()
   }
-  for (int b = 0; b < cb; ++b) {
-    float* yb = j->y + (b0 + b) * j->N + n;
-    yb[0] = _mm512_reduce_add_ps(_mm512_add_ps(a0lo[b], a0hi[b]));
-    yb[1] = _mm512_reduce_add_ps(_mm512_add_ps(a1lo[b], a1hi[b]));
-  }
+  PAIR_STORE()
 }
 
 /* q8_0's pair: two weight rows against batch rows b0 .. b0 + cb - 1 (cb <= PAIR_CB), each x
@@ -133,28 +146,16 @@ TARGET_AVX512 INLINE void q8_0_avx512_pair(const Job* j, int64_t n, int64_t b0, 
   const float* x = j->x;
   const int8_t* q0 = (const int8_t*)j->w + n * K;
   const int8_t* q1 = q0 + K;
-  __m512 a0lo[MAX_CB], a0hi[MAX_CB], a1lo[MAX_CB], a1hi[MAX_CB]; /* cb <= PAIR_CB */
-  for (int b = 0; b < cb; ++b) a0lo[b] = a0hi[b] = a1lo[b] = a1hi[b] = _mm512_setzero_ps();
+  PAIR_ZERO()
   for (int64_t blk = 0; blk < nb; ++blk) {
     const __m512 d0 = _mm512_set1_ps(ds0[blk]), d1 = _mm512_set1_ps(ds1[blk]);
     const int8_t* p0 = q0 + blk * BLOCK;
     const int8_t* p1 = q1 + blk * BLOCK;
     const __m512 lo0 = q8_0_half(p0, d0), hi0 = q8_0_half(p0 + 16, d0);
     const __m512 lo1 = q8_0_half(p1, d1), hi1 = q8_0_half(p1 + 16, d1);
-    for (int b = 0; b < cb; ++b) {
-      const float* xb = x + (b0 + b) * K + blk * BLOCK;
-      const __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);
-      a0lo[b] = _mm512_fmadd_ps(lo0, xl, a0lo[b]);
-      a1lo[b] = _mm512_fmadd_ps(lo1, xl, a1lo[b]);
-      a0hi[b] = _mm512_fmadd_ps(hi0, xh, a0hi[b]);
-      a1hi[b] = _mm512_fmadd_ps(hi1, xh, a1hi[b]);
-    }
+    PAIR_ACCUMULATE()
   }
-  for (int b = 0; b < cb; ++b) {
-    float* yb = j->y + (b0 + b) * j->N + n;
-    yb[0] = _mm512_reduce_add_ps(_mm512_add_ps(a0lo[b], a0hi[b]));
-    yb[1] = _mm512_reduce_add_ps(_mm512_add_ps(a1lo[b], a1hi[b]));
-  }
+  PAIR_STORE()
 }
 
 TARGET_AVX512 INLINE void bf16_avx512_cb(const Job* j, int64_t n, int64_t b0, const int cb) {
