@@ -55,11 +55,17 @@ def _shares(handles) -> collections.Counter:
 @pytest.mark.parametrize("slots", [(8, 8), (8, 4)])
 def test_decode_workers_get_shares_that_follow_their_slots(tokenizer_512, slots):
     """400 requests through 2 decode workers, always more in flight than slots: equal workers
-    take equal shares within 15%; a worker with half the slots takes about half as many."""
+    take equal shares within 15%; a worker with half the slots takes about half as many.
+
+    A worker's share follows its rate, slots / step time, and a step costs the fake engine's
+    sleep plus the pipeline's work for each of its rows. The sleep is 10 ms so that the rows'
+    work, which grows with a busy host, cannot tip the shares: with a 2 ms sleep a run on a
+    quiet host gave the 8-slot worker 244 of the 400 where 267 +- 40 was asked (16 rows' work
+    of a few hundred microseconds each made its steps 1.2x the 4-slot worker's)."""
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
         tokenizer_512,
-        model={"fake_step_s": 0.002},
+        model={"fake_step_s": 0.01},
         cluster={"decode_workers": 2, "decode_slots": list(slots)},
         router={"max_running": 2 * sum(slots), "max_queued": 400},
     )
