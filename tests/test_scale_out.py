@@ -60,8 +60,8 @@ def test_decode_workers_get_shares_that_follow_their_slots(tokenizer_512, slots)
     A worker's share follows its rate, slots / step time, and a step costs the fake engine's
     sleep plus the pipeline's work for each of its rows. The sleep is 10 ms so that the rows'
     work, which grows with a busy host, cannot tip the shares: with a 2 ms sleep a run on a
-    quiet host gave the 8-slot worker 244 of the 400 where 267 +- 40 was asked (16 rows' work
-    of a few hundred microseconds each made its steps 1.2x the 4-slot worker's)."""
+    quiet host gave the 8-slot worker 244 of the 400 where 267 +- 40 was asked: its steps,
+    with twice the rows' work, took about 1.3x the 4-slot worker's (inferred from the shares)."""
     tok = load_tokenizer(tokenizer_512)
     config = make_config(
         tokenizer_512,

@@ -142,7 +142,8 @@ TARGET_AVX512 INLINE void values_avx512(const float* p, int64_t C, const float* 
   }
   for (int g = 0; g < GN; ++g) {
     const __m512 inv = _mm512_set1_ps(1.0f / total[g]);
-    for (int i = 0; i < DN; ++i) _mm512_storeu_ps(o + g * D + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+    for (int i = 0; i < DN; ++i)
+      _mm512_storeu_ps(o + g * D + 16 * i, _mm512_mul_ps(acc[g][i], inv));
   }
 }
 
@@ -228,8 +229,9 @@ TARGET_AVX2 static inline __m256i lanes_avx2(int64_t left) {
 
 /* The AVX2 passes work on register blocks of compile-time size (each `const int` below is a
    constant where the function is inlined), so the accumulators stay in registers: with the
-   sizes taken from the data (as item_avx512 once had them) the compiler kept them in memory: 37.7 against
-   12.5 us for a layer's three KV heads at 181 positions from cache (default model, one row). */
+   sizes taken from the data (as item_avx512 once had them) the compiler kept them in memory:
+   37.7 against 12.5 us for a layer's three KV heads at 181 positions from cache (default model,
+   one row). */
 
 /* Scores of GN (<= 3) query heads at positions [c0, c0 + 24): s[g * S + c] = q[g] . K[:, c].
    Nine independent chains of D multiply-adds; lanes at or past L are neither read nor used

@@ -137,7 +137,8 @@ TARGET_AVX512 INLINE void q4_1_avx512_pair(const Job* j, int64_t n, int64_t b0, 
 #define Q8_PAIR_MIN_B 16
 
 TARGET_AVX512 INLINE __m512 q8_0_half(const int8_t* p, const __m512 d) {
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))), d);
+  const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
 }
 
 TARGET_AVX512 INLINE void q8_0_avx512_pair(const Job* j, int64_t n, int64_t b0, const int cb,
