@@ -55,6 +55,11 @@ class Stream:
         those tokens were first emitted. Returns the length of the text they produced."""
         emitted = 0
         for seq, token in enumerate(token_ids, start=self.next_seq):
+            if self.finish_reason:
+                # a stop string ended the stream inside the tokens the client has had (the
+                # client's tokens and text disagree): nothing after it is text, and the stream
+                # takes no more tokens (advance would find none to move)
+                break
             self.add(seq, token, 0.0, TokenFinish.NONE)
             emitted += len(self.advance().text)
         return emitted
