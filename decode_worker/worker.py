@@ -13,7 +13,8 @@ A request's path through this process:
  4. One engine.generate() step advances every live slot by one token; while no prefix waits, no
     live slot has logits controls or a grammar and few slots are live ([model]
     decode_steps_max_live), engine.generate_many(k) runs k steps in one dispatch ([model]
-    decode_steps), so the host's work per step is paid once per k.
+    decode_steps), so the host's work per step is paid once per k. While a prefill worker of
+    this host runs prompts, the engine's kernels leave it its cores (splitserve/core_share.py).
  5. Each token is checked against the finish rules (eos / stop ids, max_tokens, context limit) and
     kept in its slot's history; a slot's tokens after its finish within a chunk are dropped.
  6. The tokens of the step (or chunk) are grouped by their stamped detok worker, in slot order,
@@ -37,6 +38,7 @@ from decode_worker.constrained import ConstrainedSlots
 from decode_worker.prefix_check import prefix_problem
 from decode_worker.slots import Slot, SlotTable
 from splitserve import protocol
+from splitserve.core_share import share_with_prefill
 from splitserve.grammar import vocabulary
 from splitserve.protocol import (
     Abort,
@@ -68,6 +70,8 @@ class DecodeWorker(WorkerLoop):
             self.engine, vocabulary.for_model(config.model, self.engine.vocab_size)
         )
         self.detok_senders("decode_to_detok")
+        # the cores this host's prefill workers take while they run prompts (core_share.py)
+        self.marks = share_with_prefill(config, self.engine)
         self.chunk = config.model.decode_steps
         # chunks only while at most this many slots are live (0: any)
         self.chunk_live = config.model.decode_steps_max_live or self.engine.num_slots

@@ -12,6 +12,8 @@ A request's path through this process:
     first n output tokens). A plain request the cache cannot help runs in one
     engine.prefill_batch() call with the plain requests queued behind it, up to
     [model] prefill_batch_tokens (prefill_worker/batching.py); each gets what it would alone.
+    From the call's start until the queue is empty, this worker's mark in the run directory
+    tells the host's decode workers to leave it its cores (splitserve/core_share.py).
  3. The finish rules are checked for that token (max_tokens reached, eos).
  4. The token goes straight to the stamped detok worker as a TokenBatch; at position 0 it opens the
     stream (detokenization parameters ride along; a resumed stream was reopened by the router). It
@@ -36,6 +38,7 @@ from prefill_worker.batching import take_batch
 from prefill_worker.first_token import FirstToken
 from prefill_worker.prefix_reuse import Hit, PrefixReuse
 from splitserve import protocol
+from splitserve.core_share import open_marks
 from splitserve.engine.interface import Prefix
 from splitserve.grammar import vocabulary
 from splitserve.message_limits import prefix_send_hwm
@@ -76,6 +79,9 @@ class PrefillWorker(WorkerLoop):
             for endpoint in config.addresses.decode
         ]
         self.detok_senders("prefill_to_detok")
+        # whether this worker runs prompts, for the host's decode workers (core_share.py)
+        self.marks = open_marks(config)
+        self.running(False)  # a mark a dead predecessor left
         self.queue: deque[GenerateRequest] = deque()
         self.max_queue = config.router.max_running + config.router.max_queued
         self.batch_tokens = config.model.prefill_batch_tokens
@@ -98,10 +104,20 @@ class PrefillWorker(WorkerLoop):
         if self.queue:
             batch = take_batch(self.queue, self.batch_tokens, self.reuse.first_block,
                                self.reuse.would_hit)  # fmt: skip
+            self.running(True)
             if len(batch) == 1:
                 self.prefill(batch[0])
             else:
                 self.prefill_many(batch)
+        # marked from a call's start until a pass finds the queue empty (never while it waits)
+        self.running(bool(self.queue))
+
+    def running(self, busy: bool) -> None:
+        if self.marks is not None:
+            self.marks.mark(self.index, busy)
+
+    def close(self) -> None:
+        self.running(False)
 
     # ---- messages ----
     def on_generate(self, req: GenerateRequest, _frames: list[Any]) -> None:

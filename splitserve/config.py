@@ -17,6 +17,7 @@ A cluster file (all sections optional):
     decode_steps_max_live = 0   # ... and while at most this many slots are live (0: any)
     cpu_threads = 0             # the decode engine's XLA threads (0: one per CPU)
     prefill_cpu_threads = "auto"  # the prefill engine's (0: one per CPU; auto: half the CPUs)
+    share_cores = true          # decode's kernels leave prefill its cores while it runs prompts
     weight_format = "auto"      # decode's matrices: auto, float32, bfloat16, int8 or gguf
     prefill_weight_format = "float32"  # prefill's: float32, bfloat16-xla, bfloat16-native, auto
     huge_pages = true           # move the engines' weights onto 2 MiB pages (Linux 6.1+)
@@ -133,6 +134,12 @@ class ModelConfig:
     # reason: XLA splits a product into one share per thread, so a share whose thread decode
     # preempts holds up the whole product, where the decode kernels hand out small chunks.
     prefill_cpu_threads: int | str = "auto"
+    # Cores shared between the prefill and decode workers of one host (splitserve/core_share.py):
+    # while a prefill worker of the same run_dir runs prompts, the decode engine's kernels take
+    # the cores prefill leaves (cpu_threads less prefill_cpu_threads, at least one), and all of
+    # them otherwise. On 2 cores at 16 streams the decode team had lost a core to prefill and
+    # waited for it (docs/benchmarks.md, "Decode steps aside while a prompt runs").
+    share_cores: bool = True
     # The prefill worker runs the plain prompts waiting at the front of its queue in one call,
     # up to this many prompt tokens (0: one prompt a call); the engine compiles a (count,
     # length) program per bucket within it. Prefill on a CPU is compute-bound: batching pays

@@ -165,6 +165,8 @@ def check_engine_threads(model: Any) -> None:
     if model.prefill_cpu_threads != "auto" and not is_count(model.prefill_cpu_threads):
         raise ValueError('[model] prefill_cpu_threads must be "auto" or a count of threads '
                          "(0: one per CPU)")  # fmt: skip
+    if not isinstance(model.share_cores, bool):
+        raise ValueError("[model] share_cores must be true or false")
 
 
 # engine/quant.py's WEIGHT_FORMATS and "auto" (not imported: the engine's modules import jax)

@@ -265,6 +265,11 @@ class Engine(abc.ABC):
     # thread); the decode worker reports it in its load
     multistep_pending: int = 0
 
+    def share_cores(self, marks: memoryview | None, threads: int) -> None:  # noqa: B027
+        """While any byte of `marks` is nonzero (another process of this host is computing:
+        splitserve/core_share.py), run the steps' own kernels on at most `threads` threads;
+        None: on all of them again. An engine without kernels of its own ignores it."""
+
     def close(self) -> None:  # noqa: B027 (most engines have nothing to end)
         """The worker is stopping: end any background work (the JAX engine's compiles after
         warm-up). The engine is not used after."""

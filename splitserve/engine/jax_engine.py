@@ -316,6 +316,12 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
                               logprobs=np.concatenate([o.logprobs for o in outs]))  # fmt: skip
         return self._run(steps)
 
+    def share_cores(self, marks: memoryview | None, threads: int) -> None:
+        """The kernel's calls (the decode layers, the head) follow the marks; XLA's own ops (a
+        batch above the kernel's rows) keep the pool's threads."""
+        if qkernel.available():
+            qkernel.share_cores(marks, threads)
+
     @property
     def multistep_pending(self) -> int:
         return self.deferred_pending("decode")

@@ -79,6 +79,8 @@ def _load() -> ctypes.CDLL | None:
         lib.splitserve_bf16_set_unit.restype = ctypes.c_int
         lib.splitserve_prompt_attention_fast.restype = ctypes.c_int
         lib.splitserve_prompt_attention_fast.argtypes = [ctypes.c_int64, ctypes.c_int64]
+        lib.splitserve_qkernel_share_cores.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.splitserve_qkernel_shared_calls.restype = ctypes.c_longlong
         _lib = lib
         return lib
 
@@ -129,6 +131,31 @@ def set_isa(name: str) -> str:
 def set_threads(n: int) -> None:
     """At most n threads per product (0: all of XLA's intra-op pool; 1: the caller alone)."""
     _require().splitserve_qkernel_set_threads(n)
+
+
+# the marks share_cores() follows, kept alive here: the library reads them on every call
+_shared_marks: ctypes.Array | None = None
+
+
+def share_cores(marks: memoryview | None, threads: int) -> None:
+    """While any byte of `marks` is nonzero, each call takes at most `threads` threads (at
+    least 1); None stops following marks. `marks` is a writable buffer that other processes
+    change (an mmap of splitserve/core_share.py's file): the library reads it at each call,
+    and it must outlive the engine."""
+    global _shared_marks
+    lib = _require()
+    if marks is None:
+        lib.splitserve_qkernel_share_cores(None, 0, 1)
+        _shared_marks = None
+        return
+    view = (ctypes.c_ubyte * len(marks)).from_buffer(marks)
+    lib.splitserve_qkernel_share_cores(ctypes.addressof(view), len(marks), max(1, threads))
+    _shared_marks = view
+
+
+def shared_calls() -> int:
+    """Kernel calls so far that found a mark set (and so took fewer threads)."""
+    return int(_require().splitserve_qkernel_shared_calls())
 
 
 def _require() -> ctypes.CDLL:

@@ -46,6 +46,41 @@ EXPORT int splitserve_qkernel_set_isa(int isa) {
 /* At most this many threads per call (0: the pool's size, 1: the calling thread alone). */
 EXPORT void splitserve_qkernel_set_threads(int n) { atomic_store(&g_threads, n < 0 ? 0 : n); }
 
+/* Cores shared with other processes of the host (splitserve/core_share.py): while any of the
+   g_busy_n bytes at g_busy is nonzero (another engine is computing), a call takes at most
+   g_busy_threads threads. The bytes live in a file those processes map and write; each call
+   reads them afresh, so a call that starts after a mark is set or cleared follows it. */
+static _Atomic(const volatile unsigned char*) g_busy = NULL;
+static atomic_int g_busy_n = 0, g_busy_threads = 1;
+static atomic_llong g_busy_calls = 0; /* calls that found a mark set */
+
+EXPORT void splitserve_qkernel_share_cores(const unsigned char* flags, int n, int threads) {
+  atomic_store(&g_busy, NULL); /* off while the settings change */
+  atomic_store(&g_busy_n, n < 0 ? 0 : n);
+  atomic_store(&g_busy_threads, threads < 1 ? 1 : threads);
+  atomic_store(&g_busy, (const volatile unsigned char*)flags);
+}
+
+EXPORT long long splitserve_qkernel_shared_calls(void) { return atomic_load(&g_busy_calls); }
+
+/* The thread cap for this call (0: none): g_threads, lowered while a mark is set. */
+static int64_t thread_cap(void) {
+  int64_t cap = atomic_load(&g_threads);
+  const volatile unsigned char* busy = atomic_load(&g_busy);
+  if (busy) {
+    const int n = atomic_load(&g_busy_n);
+    for (int i = 0; i < n; ++i) {
+      if (busy[i]) {
+        const int64_t shared = atomic_load(&g_busy_threads);
+        if (cap == 0 || shared < cap) cap = shared;
+        atomic_fetch_add(&g_busy_calls, 1);
+        break;
+      }
+    }
+  }
+  return cap;
+}
+
 /* ---- FFI plumbing ---------------------------------------------------------------------------- */
 
 XLA_FFI_Error* ffi_error(const XLA_FFI_Api* api, const char* msg) {
@@ -135,7 +170,7 @@ void parallel_for(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx, int64_t
                   ChunkFn* fn, const void* job, int job_size) {
   /* The calling thread works too, so a pool of T threads gets T - 1 helpers: XLA's own ops use
      about as many threads as its pool has (cpu_threads), and so do these kernels. */
-  int64_t want = atomic_load(&g_threads), helpers = 0;
+  int64_t want = thread_cap(), helpers = 0;
   if (want != 1 && work >= MIN_PARALLEL_WORK && n > 1) {
     helpers = pool_threads(api, ctx) - 1;
     if (want > 1 && helpers > want - 1) helpers = want - 1;
