@@ -1,12 +1,18 @@
 """The engine's executable store (splitserve/engine/executables.py): a second engine of the same
 configuration loads every program instead of compiling it, and computes exactly what a freshly
-compiled one does; another configuration never meets those files; a torn, foreign or
-others-writable file is never run; the store stays within its size bound."""
+compiled one does; another configuration never meets those files; a torn, foreign, damaged or
+others-writable file is never run, nor one whose last load ended the process; the store stays
+within its size bound."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import signal
+import subprocess
+import sys
+import threading
 
 import jax
 import pytest
@@ -14,6 +20,7 @@ import pytest
 from splitserve.engine import executables
 from splitserve.engine.interface import LogitsControls, SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
+from tests.http_stack import wait_until
 
 MODEL = "random:test-tiny:3"
 
@@ -92,6 +99,99 @@ def test_a_torn_or_untrusted_file_is_not_run(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="splitserve.engine.executables"):
         assert again.executables.load(other) is None
     assert "writable by others" in caplog.text
+
+
+def test_a_flipped_byte_is_caught_before_loading_and_the_program_compiled_again(tmp_path):
+    """A byte flipped in every stored executable (issue 50: some such files loaded without an
+    error and then aborted the worker in LLVM, at every start): none is deserialized, each is
+    counted and compiled again, and the programs compute what they did."""
+    store = str(tmp_path / "x")
+    first = engine(store)
+    warm(first)
+    reference = run(first)
+    entries = sorted(p for p in os.listdir(store) if p.endswith(".xla"))
+    assert entries
+    for name in entries:
+        with open(os.path.join(store, name), "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(size // 2)
+            byte = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([byte[0] ^ 0x10]))
+    second = engine(store)
+    assert warm(second) == {"compiled": len(second.program_keys())}
+    assert second.executables.rejected == {"damaged": len(entries)}
+    assert run(second) == reference
+    third = engine(store)  # stored whole again
+    assert set(warm(third)) == {"cache"} and not third.executables.rejected
+
+
+# A process that loads one stored executable and dies inside the load, as XLA's LLVM ended
+# workers on a damaged file ("LLVM ERROR: invalid section index": an abort).
+CRASHING_LOADER = """
+import ast, os, sys
+from jax.experimental import serialize_executable
+from splitserve.engine.executables import ExecutableStore
+directory, identity_file, key = sys.argv[1:]
+serialize_executable.deserialize_and_load = lambda *args: os.abort()
+with open(identity_file) as f:
+    ExecutableStore(directory, f.read()).load(ast.literal_eval(key))
+"""
+
+
+def test_a_load_that_ended_the_process_is_not_tried_again_from_that_file(tmp_path, caplog):
+    store = str(tmp_path / "x")
+    first = engine(store)
+    key = ("sample", 1, True)
+    assert first._obtain(key)[1] == "compiled"
+    identity = tmp_path / "identity"
+    identity.write_text(first.program_identity())
+    child = subprocess.run([sys.executable, "-c", CRASHING_LOADER, store, str(identity),
+                            repr(key)], capture_output=True, timeout=120)  # fmt: skip
+    assert child.returncode == -signal.SIGABRT, child.stderr.decode()[-2000:]
+
+    second = engine(store)
+    with caplog.at_level(logging.WARNING, logger="splitserve.engine.executables"):
+        assert second._obtain(key)[1] == "compiled"  # not loaded from the file that crashed
+    assert second.executables.rejected == {"crashed": 1}
+    assert "a previous load of it ended the process" in caplog.text
+    assert not os.path.exists(second.executables.path(key) + executables.LOADING)
+    assert engine(store)._obtain(key)[1] == "cache"  # the fresh file loads, and is kept
+
+
+def _lock_waiters(path: str) -> int:
+    """How many flock waiters /proc/locks shows blocked on path's inode."""
+    inode = str(os.stat(path).st_ino)
+    with open("/proc/locks") as f:
+        return sum(1 for line in f if "->" in line and "FLOCK" in line
+                   and line.split()[-3].rsplit(":", 1)[-1] == inode)  # fmt: skip
+
+
+def test_a_marker_held_by_a_live_loader_is_waited_for_not_taken_for_a_crash(tmp_path):
+    """Two workers of one configuration load the same entry at once: the second waits for the
+    first's load, then loads the file itself (it is not removed as a crashed one)."""
+    store = str(tmp_path / "x")
+    e = engine(store)
+    key = ("sample", 1, True)
+    e._obtain(key)
+    path = e.executables.path(key)
+    marker = path + executables.LOADING
+    fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o600)  # as a live loader holds it
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"1\n")
+    loaded: list = []
+    other = threading.Thread(target=lambda: loaded.append(e.executables.load(key)))
+    other.start()
+    try:
+        wait_until(lambda: _lock_waiters(marker) or loaded, 60, "the second loader to wait")
+        assert not loaded, "a live loader's marker was taken for a crash"
+    finally:
+        os.unlink(marker)  # the first load ends as _end_load ends one
+        os.close(fd)
+        other.join(60)
+    assert loaded and loaded[0] is not None
+    assert not e.executables.rejected and os.path.exists(path)
+    assert not os.path.exists(marker)
 
 
 def test_the_store_refuses_to_sit_beside_jax_s_own_cache(tmp_path):

@@ -17,10 +17,23 @@ Entries are written whole (a temporary name, then a rename), so concurrent worke
 mid-write leave no torn file; they are read only when this user owns them and nobody else may
 write them, because an executable is machine code the worker runs. A file that does not load
 (truncated, or from another build that hashed the same) is removed and the program compiled.
+
+What XLA deserializes is trusted to be what it serialized: a damaged file can load without an
+error and then abort the process inside LLVM ("invalid section index"), at every start, since
+the file stays. So each entry carries the SHA-256 of its payload in a header written with it
+(in the same file, so that one rename publishes both and they can never disagree), checked
+before anything is deserialized: a mismatch is removed, counted (`rejected`) and logged, and
+the program compiled again. And a load that kills the process is not tried again from the same
+file: a loader holds `<entry>.loading` locked (flock) and written while XLA reads the entry, and
+removes it after. A marker that outlives its loader (the lock is free, the file holds its pid)
+means that loader died inside the load: the entry is removed, counted and logged, and the
+program compiled again. A marker locked by a live loader (another worker loading the same
+program) is waited for.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -28,12 +41,17 @@ import pickle
 import platform
 import stat
 import tempfile
+import threading
+from collections import Counter
 
 import jax
 
 log = logging.getLogger(__name__)
 
-FORMAT = "splitserve-executables-1"  # bump when the file layout changes
+FORMAT = "splitserve-executables-2"  # bump when the file layout changes
+MAGIC = b"splitserve-xla-2\n"  # an entry: MAGIC, the payload's SHA-256, the payload
+DIGEST_BYTES = hashlib.sha256().digest_size
+LOADING = ".loading"  # beside an entry while it is being loaded (the crash marker)
 KEEP_BYTES = 2 << 30  # the store's size bound (the default model's programs take about 0.2 GiB)
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -85,13 +103,17 @@ class ExecutableStore:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         prune(self.directory)
         self._prefix = hashlib.sha256(f"{build or build_identity()}\0{engine}".encode()).digest()
+        # entries not run, by reason: "damaged" (checksum), "crashed" (a load died), "unloadable"
+        self.rejected: Counter[str] = Counter()
+        self._lock = threading.Lock()  # the warm-up loads on several threads
 
     def path(self, key: tuple) -> str:
         name = hashlib.sha256(self._prefix + repr(key).encode()).hexdigest()[:40]
         return os.path.join(self.directory, name + ".xla")
 
     def load(self, key: tuple) -> jax.stages.Compiled | None:
-        """The stored executable for key, or None (never stored, or not trusted, or broken)."""
+        """The stored executable for key, or None (never stored, or not trusted, or damaged,
+        or its last load crashed: each of the last three removes the file)."""
         from jax.experimental import serialize_executable
 
         path = self.path(key)
@@ -105,27 +127,44 @@ class ExecutableStore:
             os.utime(path)  # in use: the last to be pruned
         except FileNotFoundError:
             return None
-        try:
-            payload, in_tree, out_tree = pickle.loads(blob)
-            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
-        except Exception as exc:  # torn or foreign: compile again, and replace it
-            log.warning("executable %s for %s does not load (%s): compiling it", path, key, exc)
-            _remove(path)
+        payload = _verified(blob)
+        if payload is None:
+            self._reject(path, key, "damaged", "its checksum does not match")
             return None
+        marker = _begin_load(path)
+        if marker is None:
+            self._reject(path, key, "crashed", "a previous load of it ended the process")
+            return None
+        try:
+            data, in_tree, out_tree = pickle.loads(payload)
+            return serialize_executable.deserialize_and_load(data, in_tree, out_tree)
+        except Exception as exc:  # foreign: compile again, and replace it
+            self._reject(path, key, "unloadable", f"it does not load ({exc})")
+            return None
+        finally:
+            _end_load(path, marker)
+
+    def _reject(self, path: str, key: tuple, reason: str, why: str) -> None:
+        """An entry not to be run: removed, so that the program is compiled and stored again."""
+        log.warning("executable %s for %s does not load: %s: removed, compiling it", path, key,
+                    why)  # fmt: skip
+        _remove(path)
+        with self._lock:
+            self.rejected[reason] += 1
 
     def save(self, key: tuple, compiled: jax.stages.Compiled) -> bool:
         """Store a freshly compiled executable; False when it cannot be serialized."""
         from jax.experimental import serialize_executable
 
         try:
-            blob = pickle.dumps(serialize_executable.serialize(compiled))
+            payload = pickle.dumps(serialize_executable.serialize(compiled))
         except (ValueError, NotImplementedError, TypeError, pickle.PicklingError) as exc:
             log.debug("program %s is not serializable (%s): compiled at each start", key, exc)
             return False
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(blob)
+                f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
             os.replace(tmp, self.path(key))
         except OSError as exc:  # a full disk costs the next start a compile, nothing more
             log.warning("executable for %s not stored: %s", key, exc)
@@ -152,6 +191,46 @@ def prune(directory: str, keep_bytes: int = KEEP_BYTES) -> None:
             break
         _remove(path)
         total -= size
+
+
+def _verified(blob: bytes) -> memoryview | None:
+    """An entry's payload, or None when its header or checksum is wrong."""
+    start = len(MAGIC) + DIGEST_BYTES
+    if not blob.startswith(MAGIC) or len(blob) < start:
+        return None
+    payload = memoryview(blob)[start:]
+    if hashlib.sha256(payload).digest() != blob[len(MAGIC) : start]:
+        return None
+    return payload
+
+
+def _begin_load(path: str) -> int | None:
+    """Hold path's crash marker, locked and holding this pid, for the length of a load: its
+    descriptor, or None when a marker was left by a loader that died (the marker is removed)."""
+    marker = path + LOADING
+    while True:
+        fd = os.open(marker, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a live loader of the same entry: wait for its end
+        try:
+            current = os.stat(marker, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if not current:  # the loader we waited for finished and removed it: a fresh one
+            os.close(fd)
+            continue
+        if os.fstat(fd).st_size:  # written, unlocked, still there: its loader died loading
+            _remove(marker)
+            os.close(fd)
+            return None
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
+
+def _end_load(path: str, fd: int) -> None:
+    """The load is over (it returned or raised): the marker goes, before its lock does, so
+    that a loader waiting on it takes a fresh one."""
+    _remove(path + LOADING)
+    os.close(fd)
 
 
 def _trusted(st: os.stat_result) -> bool:

@@ -271,6 +271,9 @@ class CompiledPrograms:
             for key, program in zip(later, pool.map(stored, later), strict=True):
                 if program is not None:
                     self._programs[key] = program
+        if store is not None and store.rejected:  # each was logged as it was met
+            log.warning("stored executables not run and compiled again: %s",
+                        dict(store.rejected))  # fmt: skip
         self._later = tuple(k for k in later if k not in self._programs)
         self._deferred = self._handed = frozenset(self._later)
         if background:
