@@ -222,3 +222,33 @@ def test_litellm_tools(stack, model):
     )  # fmt: skip
     assert out.choices[0].finish_reason == "tool_calls"
     assert_valid_calls(out.choices[0].message.tool_calls)
+
+
+def test_a_nested_pydantic_model_is_a_tool_and_its_forced_call_validates(client, model):
+    """pydantic_function_tool of a model with a nested one: the parameters refer to
+    "#/$defs/Address", which must resolve against the parameters' own root."""
+    from openai import pydantic_function_tool
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):  # bounded: the fake engine would write a string without end
+        street: str = Field(max_length=12)
+        city: str = Field(max_length=12)
+
+    class Person(BaseModel):
+        name: str = Field(max_length=12)
+        home: Address
+        work: Address | None
+
+    tool = pydantic_function_tool(Person)
+    assert "$defs" in tool["function"]["parameters"]
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Who lives where?"}], tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "Person"}}, max_tokens=400,
+        parallel_tool_calls=False,
+    )  # fmt: skip
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, tool["function"]["parameters"])
+    assert isinstance(Person.model_validate(arguments).home, Address)

@@ -95,21 +95,21 @@ def call_block(name: str, arguments: Any) -> str:
 def call_grammar(tools: list[Tool], only: str | None, parallel: bool) -> str:
     """The grammar of output that is tool calls and nothing else: one call (parallel false) or
     several, of the named function (only) or any; each call's arguments follow its function's
-    parameters schema (a function without one takes an object)."""
+    parameters schema (a function without one takes an object).
+
+    A call is written as json.dumps writes it compactly, {"name":"f","arguments":{...}}, with
+    the arguments the root of a schema of their own: a parameters schema nested in a wrapper
+    would resolve its references ("#/$defs/Address", what every nested pydantic model gives)
+    against the wrapper's root, where they do not exist."""
     chosen = [t for t in tools if only is None or t.function.name == only]
     rules = []
     for i, tool in enumerate(chosen):
-        schema = {
-            "x-guidance": specs.JSON_OPTIONS,  # no free whitespace, as in structured output
-            "type": "object",
-            "properties": {
-                "name": {"const": tool.function.name},
-                "arguments": tool.function.parameters or {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        rules.append(f"call_{i}: %json {json.dumps(schema)}")
+        opening = '{"name":' + json.dumps(tool.function.name) + ',"arguments":'
+        # no free whitespace, as in structured output
+        parameters = {**(tool.function.parameters or {"type": "object"}),
+                      "x-guidance": specs.JSON_OPTIONS}  # fmt: skip
+        rules.append(f'call_{i}: {json.dumps(opening)} arguments_{i} "}}"')
+        rules.append(f"arguments_{i}: %json {json.dumps(parameters)}")
     alternatives = " | ".join(f"call_{i}" for i in range(len(chosen)))
     lark = "\n".join([
         'start: call ("\\n" call)*' if parallel else "start: call",
