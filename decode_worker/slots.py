@@ -33,6 +33,7 @@ class Slot:
     # alternatives asked for per token, and those of each token kept (for a Repin), when > 0
     top_logprobs: int = 0
     tops: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    router_incarnation: int = 0  # of the router that owns the request (protocol.RouterHello)
 
 
 _state = itemgetter(1)

@@ -129,7 +129,7 @@ class DecodeWorker(WorkerLoop):
     def on_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
         """A prefix from prefill (its KV arrays in frames) waits for a free slot."""
         rid = header.request_id
-        if self.gone.covers(rid, header.epoch):
+        if self.gone.covers(rid, header.epoch) or not self.serves_router(header.router_incarnation):
             return
         held = self.slots.get(rid)
         if held is not None or any(h.request_id == rid for h in self.queued_headers()):
@@ -195,6 +195,20 @@ class DecodeWorker(WorkerLoop):
                 del self.awaiting_pool[i]
                 return
 
+    def end_router_requests(self, incarnation: int) -> int:
+        """Free the slots, and drop the waiting prefixes, of requests of older routers."""
+        ended = [
+            (state.request_id, state.epoch) for _, state in self.slots.live()
+            if state.router_incarnation < incarnation
+        ]  # fmt: skip
+        ended += [
+            (h.request_id, h.epoch) for h in self.queued_headers()
+            if h.router_incarnation < incarnation
+        ]  # fmt: skip
+        for rid, epoch in ended:
+            self.release(rid, epoch)
+        return len(ended)
+
     def on_detok_pool(self, msg: DetokPool, frames: list[Any]) -> None:
         """The pool changed: prefixes that waited for one of its new members go on."""
         super().on_detok_pool(msg, frames)
@@ -243,7 +257,7 @@ class DecodeWorker(WorkerLoop):
             rid = header.request_id
             state = Slot(
                 rid, header.epoch, header.detok_index, header.stop, header.first_seq + 1,
-                header.length + 1, header.first_seq,
+                header.length + 1, header.first_seq, router_incarnation=header.router_incarnation,
             )  # fmt: skip
             state.tokens.append(header.first_token)
             state.logprobs.append(header.first_logprob)

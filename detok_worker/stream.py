@@ -30,6 +30,7 @@ class Stream:
     stopped_by_string: bool = False  # the decode worker must then be told to free the slot
     prompt_logprobs: PromptScores | None = None  # passed on with the first delta
     cached_tokens: int = 0  # likewise: the prompt tokens the prefill found in its prefix cache
+    router_incarnation: int = 0  # of the router that owns the request (protocol.RouterHello)
 
     @classmethod
     def open(

@@ -15,6 +15,8 @@ A request's path through this process:
  6. When a request moves here (its detok worker, or its decode worker, died), the router's
     ResumeStream rebuilds its state from the tokens the client has had, emitting none of them,
     at the request's new placement epoch; tokens of older epochs are dropped from then on.
+ 7. When the router restarts (a RouterHello, or a stream opened, of a newer router incarnation),
+    the streams of its predecessor are dropped: their clients are gone with it.
 """
 
 from __future__ import annotations
@@ -103,7 +105,10 @@ class DetokWorker(WorkerLoop):
         current = self.streams.get(rid)
         if self.gone.covers(rid, msg.epoch) or (current and current.epoch >= msg.epoch):
             return
+        if not self.serves_router(msg.router_incarnation):
+            return
         stream = Stream.open(rid, msg.epoch, msg.decode_index, msg.detok, msg.logprobs, self.table)
+        stream.router_incarnation = msg.router_incarnation
         emitted = stream.replay(list(msg.token_ids))
         if emitted != msg.text_chars or stream.finish_reason:
             # the client's text and its tokens disagree: carry on from the tokens, and say so
@@ -150,11 +155,14 @@ class DetokWorker(WorkerLoop):
         current = self.streams.get(rid)
         if self.gone.covers(rid, opened.epoch) or (current and current.epoch >= opened.epoch):
             return
+        if not self.serves_router(opened.router_incarnation):
+            return
         stream = Stream.open(
             rid, opened.epoch, opened.decode_index, opened.detok, opened.logprobs, self.table
         )
         stream.prompt_logprobs = opened.prompt_logprobs
         stream.cached_tokens = opened.cached_tokens
+        stream.router_incarnation = opened.router_incarnation
         self.streams[rid] = stream
         self.opened.append(rid)
         self.take_early(stream)
@@ -209,6 +217,14 @@ class DetokWorker(WorkerLoop):
             log.info("%s stream opened", rid)
         self.opened.clear()
         self.touched.clear()
+
+    def end_router_requests(self, incarnation: int) -> int:
+        """Drop the streams of requests of older routers."""
+        ended = [s for s in self.streams.values() if s.router_incarnation < incarnation]
+        for stream in ended:
+            self.forget(stream.request_id, stream.epoch)
+            self.touched.pop(stream.request_id, None)
+        return len(ended)
 
     def forget(self, rid: str, epoch: int) -> None:
         self.streams.pop(rid, None)

@@ -2,8 +2,9 @@
 
 A request's path through this process:
  1. A GenerateRequest arrives from the router, stamped with its decode worker, its detok worker and
-    its placement epoch; it waits in a bounded queue (an Abort of its epoch removes it). Its
-    send sequence number is echoed in the load report (last_seq; a Fence carries one too): with
+    its placement epoch; it waits in a bounded queue (an Abort of its epoch removes it, and so
+    does a RouterHello of a newer router incarnation: its router is gone). Its send sequence
+    number is echoed in the load report (last_seq; a Fence carries one too): with
     an empty queue it shows the router that the request has left this worker.
  2. The prompt's longest run of blocks in the prefix cache is looked up (prefill_worker/
     prefix_reuse.py). engine.prefill() (or prefill_cached(), given that run) computes the rest,
@@ -122,6 +123,8 @@ class PrefillWorker(WorkerLoop):
     # ---- messages ----
     def on_generate(self, req: GenerateRequest, _frames: list[Any]) -> None:
         self.last_seq = req.seq
+        if not self.serves_router(req.router_incarnation):
+            return  # from a router that was restarted since: no client waits for it
         if len(self.queue) >= self.max_queue:
             self.fail([req.request_id], [req.epoch], "prefill worker overloaded: queue full")
         else:
@@ -132,6 +135,12 @@ class PrefillWorker(WorkerLoop):
         self.queue = deque(
             r for r in self.queue if r.request_id not in gone or r.epoch > gone[r.request_id]
         )
+
+    def end_router_requests(self, incarnation: int) -> int:
+        """Drop the queued requests of older routers."""
+        kept = deque(r for r in self.queue if r.router_incarnation >= incarnation)
+        ended, self.queue = len(self.queue) - len(kept), kept
+        return ended
 
     def on_fence(self, msg: Fence, _frames: list[Any]) -> None:
         self.last_seq = msg.seq
@@ -227,7 +236,8 @@ class PrefillWorker(WorkerLoop):
         opens = []
         if req.start_seq == 0:
             opens.append(OpenStream(rid, req.epoch, req.decode_index, req.detok, req.logprobs,
-                                    self.first.prompt_scores(prefix), cached))  # fmt: skip
+                                    self.first.prompt_scores(prefix), cached,
+                                    req.router_incarnation))  # fmt: skip
         top = self.first.alternatives(prefix)
         first = TokenBatch(
             Source.PREFILL, self.prefills, [rid], [req.epoch], [req.start_seq],
@@ -253,6 +263,7 @@ class PrefillWorker(WorkerLoop):
             req.grammar,
             self.first.context(req),
             *(self.first.alternatives(prefix) or ([], [])),
+            req.router_incarnation,
         )
         if self.decodes[req.decode_index].send(header, prefix.kv):
             self.kv_bytes_sent += sum(a.nbytes for a in prefix.kv)

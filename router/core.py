@@ -27,7 +27,6 @@ import dataclasses
 import logging
 import secrets
 import time
-import uuid
 from typing import Any
 
 import zmq
@@ -56,6 +55,7 @@ from splitserve.protocol import (
     FinishReason,
     GenerateRequest,
     PrefillLoad,
+    RouterHello,
     StopCriteria,
     TransportCounters,
 )
@@ -76,6 +76,9 @@ class RouterCore:
         self.config = config
         self.vocab_size = vocab_size
         self.eos_ids = sorted(eos_ids)
+        # this run of the router (protocol.RouterHello): its start time in microseconds, so a
+        # restarted router's is the larger, and workers end its predecessor's requests
+        self.incarnation = time.time_ns() // 1000
         # threads mode shares one context (inproc needs it); a process makes its own
         self.ctx = ctx if ctx is not None else zmq.Context()
         self.counters = TransportCounters()
@@ -125,7 +128,19 @@ class RouterCore:
             self.placement.prefilled,
         )  # fmt: skip
         self.links.start_reading(dispatch)
-        self._tasks = [asyncio.create_task(self.liveness.run(), name="router-monitor")]
+        self._tasks = [
+            asyncio.create_task(self.liveness.run(), name="router-monitor"),
+            asyncio.create_task(self._say_hello(), name="router-hello"),
+        ]
+
+    async def _say_hello(self) -> None:
+        """RouterHello to every worker now and every heartbeat interval: a worker that (re)starts
+        or reconnects learns which router it serves, and one that served this router's
+        predecessor ends the requests it still runs for it."""
+        hello = RouterHello(self.incarnation)
+        while True:
+            self.links.broadcast(("prefill", "decode", "detok"), hello)
+            await asyncio.sleep(self.config.lifecycle.heartbeat_interval_s)
 
     async def wait_ready(self, timeout_s: float) -> None:
         assert self._ready_event is not None, "start() first"
@@ -175,7 +190,7 @@ class RouterCore:
         submitted = time.monotonic()
         params = validate(prompt, params, self.vocab_size, self.config.model.max_seq_len)
         self._check_engine(params)
-        rid = request_id or f"req-{uuid.uuid4().hex}"
+        rid = request_id or self.requests.new_id()
         unstamped = self._request_message(rid, prompt, params)
         self.requests.reserve(rid, claimed)
         try:
@@ -257,6 +272,7 @@ class RouterCore:
             params.logprobs,
             logits_controls(params),
             params.grammar,
+            router_incarnation=self.incarnation,
         )  # fmt: skip
         try:
             protocol.decode(protocol.encode(msg))

@@ -175,7 +175,7 @@ class Migrator:
         stamp = handle.stamp
         return ResumeStream(
             handle.request_id, stamp.epoch, stamp.decode, message.detok, message.logprobs,
-            list(handle.token_ids), handle.text_chars,
+            list(handle.token_ids), handle.text_chars, message.router_incarnation,
         )  # fmt: skip
 
 

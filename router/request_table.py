@@ -1,15 +1,21 @@
 """The live requests of the router core by id, and the one owner of request-id reuse.
 
+The ids the workers see (core ids) are the router's, never a client's alone: each carries this
+router's own random tag, drawn at its start, so that no request of a client of this router is
+ever matched to a request of another router, or of this router's predecessor, that the workers
+still hold (a client may send any X-Request-Id, and may repeat another client's).
 Workers remember an ended request's id for lifecycle.state_ttl_s and drop whatever arrives for it,
 so an id is never used again within that time (plus a margin for messages still in flight):
 - the core refuses a request id that is live, reserved or ended moments ago;
-- an HTTP request claims the core ids of its choices under its X-Request-Id (`<id>`, or `<id>-<i>`
-  for several choices); an X-Request-Id still in flight is refused, and one reused within the TTL
-  gets a fresh suffix on its core ids (`<id>.<hex>`), still findable in the logs by the client's id.
+- an HTTP request claims the core ids of its choices under its X-Request-Id (`<id>.<tag>`, or
+  `<id>.<tag>-<i>` for several choices); an X-Request-Id still in flight is refused, and one
+  reused within the TTL gets a fresh suffix on its core ids (`<id>.<tag>.<hex>`), still findable
+  in the logs by the client's id.
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Iterator
 
@@ -17,10 +23,12 @@ from router.requests import InvalidRequest, RequestHandle
 from splitserve.tombstones import Tombstones
 
 ID_REUSE_MARGIN_S = 5.0  # past the workers' memory: for messages in flight when a request ended
+ROUTER_TAG_CHARS = 8  # 32 random bits: this router's part of every core id
 
 
 class RequestTable:
     def __init__(self, state_ttl_s: float):
+        self.tag = secrets.token_hex(ROUTER_TAG_CHARS // 2)
         self.live: dict[str, RequestHandle] = {}
         self.recent = Tombstones(state_ttl_s + ID_REUSE_MARGIN_S)  # ended ids, still remembered
         self._reserved: set[str] = set()  # claimed or being admitted, not live yet
@@ -35,9 +43,9 @@ class RequestTable:
                 code="duplicate_request_id",
             )  # fmt: skip
         self.recent.prune()
-        ids = _ids(http_id, count)
+        ids = _ids(f"{http_id}.{self.tag}", count)
         if not all(self._free(i) for i in ids):
-            ids = _ids(f"{http_id}.{uuid.uuid4().hex[:8]}", count)
+            ids = _ids(f"{http_id}.{self.tag}.{uuid.uuid4().hex[:8]}", count)
         self._http_ids.add(http_id)
         self._reserved.update(ids)
         return ids
@@ -48,6 +56,10 @@ class RequestTable:
         self._reserved.difference_update(ids)
 
     # ---- the core's own ----
+    def new_id(self) -> str:
+        """A core id for a request that brings none."""
+        return f"req-{uuid.uuid4().hex}.{self.tag}"
+
     def reserve(self, request_id: str, claimed: bool) -> None:
         """Hold an id while its request is admitted. `claimed`: the HTTP layer claimed it."""
         if claimed and request_id in self._reserved and request_id not in self.live:

@@ -71,6 +71,7 @@ MESSAGE_SENDERS: dict[type, frozenset[str]] = {
     protocol.ResumeStream: frozenset({"router"}),
     protocol.Repin: frozenset({"router"}),
     protocol.DetokPool: frozenset({"router"}),
+    protocol.RouterHello: frozenset({"router"}),
 }
 _TOKEN_SOURCES = {protocol.Source.PREFILL: "prefill", protocol.Source.DECODE: "decode"}
 

@@ -42,6 +42,7 @@ from splitserve.protocol import (
     PrefillLoad,
     Ready,
     RequestFailed,
+    RouterHello,
     TransportCounters,
     WorkerInfo,
 )
@@ -98,7 +99,9 @@ class WorkerLoop:
             ensure_private_dir(config.run_dir)
         self.router = self.connect(config.addresses.router, f"{self.role}_to_router")
         # message type -> handler; each role fills it with the messages it takes
-        self.handlers: dict[type, Handler] = {}
+        self.handlers: dict[type, Handler] = {RouterHello: self.on_router_hello}
+        # the incarnation of the router this worker serves (protocol.RouterHello; 0: none yet)
+        self.router_incarnation = 0
         self._next_heartbeat = 0.0
         self._drain_deadline: float | None = None
         self._snapshot: tuple[float, RoleLoad | None] = (0.0, None)
@@ -136,6 +139,11 @@ class WorkerLoop:
 
     def close(self) -> None:
         pass
+
+    def end_router_requests(self, incarnation: int) -> int:
+        """A router of this incarnation took over: forget every request of an older one (its
+        router is gone, and with it every client connection). Returns how many were ended."""
+        return 0
 
     # ---- shared ----
     def make_engine(self) -> Engine:
@@ -291,6 +299,24 @@ class WorkerLoop:
                 log.warning("%s[%d]: unexpected %s", self.role, self.index, type(msg).__name__)
             else:
                 handler(msg, frames)
+
+    def on_router_hello(self, msg: RouterHello, _frames: list[Any]) -> None:
+        self.serves_router(msg.incarnation)
+
+    def serves_router(self, incarnation: int) -> bool:
+        """Whether a request of the router of this incarnation is served here: False for an
+        older incarnation than the one this worker follows (the message is dropped). A newer one
+        is followed from now on, and the requests of the older ones end
+        (end_router_requests)."""
+        if incarnation < self.router_incarnation:
+            return False
+        if incarnation > self.router_incarnation:
+            known, self.router_incarnation = self.router_incarnation, incarnation
+            ended = self.end_router_requests(incarnation)
+            if known:
+                log.warning("%s[%d]: the router restarted: %d request(s) of its predecessor "
+                            "ended", self.role, self.index, ended)  # fmt: skip
+        return True
 
     def fail(self, request_ids: list[str], epochs: list[int], message: str) -> None:
         """End requests (at these epochs) with an error: the router tells their clients."""

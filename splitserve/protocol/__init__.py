@@ -86,6 +86,7 @@ from splitserve.protocol.messages import (  # noqa: F401
     Repin,
     RequestFailed,
     ResumeStream,
+    RouterHello,
     Source,
     StopCriteria,
     TextBatch,

@@ -13,13 +13,15 @@ from splitserve.engine.interface import (
     SamplingParams,
 )
 
+# 11: RouterHello and each request's router_incarnation (a restarted router's requests are never
+# matched to its predecessor's, whose orphans the workers end);
 # 10: DecodeLoad.compiling (the k-step programs compiled after Ready);
 # 9: PrefillLoad.batched_calls, DecodeLoad.chunks (the workers' batching);
 # 8: PrefillLoad.prefix_compiling (the background compiles left);
 # 7: send sequence numbers to prefill workers (GenerateRequest.seq, Fence, PrefillLoad.last_seq);
 # 6: prefix cache (cached_tokens, PrefillLoad's prefix_*); 5: logits controls, grammars, top and
 # prompt logprobs; 4: incarnations
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 
 class TokenFinish(enum.IntEnum):
@@ -125,6 +127,9 @@ class GenerateRequest:
     # the router's send sequence number (shared with Fence); the worker's load echoes the last
     # one it received, which tells the router that this request reached it (router/liveness.py)
     seq: int = 0
+    # the incarnation of the router that owns the request (RouterHello): every worker ends the
+    # requests of an older one, whose client connections died with it
+    router_incarnation: int = 0
 
 
 @dataclass
@@ -149,6 +154,7 @@ class PrefixHeader:
     context: list[int] = field(default_factory=list)
     first_top_ids: list[int] = field(default_factory=list)  # the first token's alternatives
     first_top_logprobs: list[float] = field(default_factory=list)
+    router_incarnation: int = 0  # GenerateRequest's
 
 
 @dataclass
@@ -163,6 +169,7 @@ class OpenStream:
     logprobs: bool
     prompt_logprobs: PromptScores | None = None
     cached_tokens: int = 0  # prompt tokens the prefill took from its prefix cache
+    router_incarnation: int = 0  # GenerateRequest's
 
 
 @dataclass
@@ -252,6 +259,7 @@ class ResumeStream:
     logprobs: bool
     token_ids: list[int]
     text_chars: int
+    router_incarnation: int = 0  # of the router that owns the request (RouterHello)
 
 
 @dataclass
@@ -272,6 +280,18 @@ class DetokPool:
     an index is not in the pool), when the pool grows or shrinks."""
 
     endpoints: list[str]
+
+
+@dataclass
+class RouterHello:
+    """router -> every worker, at its start and every heartbeat interval: its incarnation, the
+    time it started in microseconds (so a restarted router's is the larger; the router's clock
+    must not step back across its restart by more than the restart takes). A worker that learns
+    a larger incarnation ends every request of the smaller ones: their router died, and with it
+    their clients' connections. A request message of a smaller incarnation than the worker
+    knows is dropped."""
+
+    incarnation: int
 
 
 @dataclass
@@ -437,6 +457,7 @@ MESSAGE_TYPES: dict[int, type] = {
     11: Repin,
     12: DetokPool,
     13: Fence,
+    14: RouterHello,
 }
 TYPE_CODES = {cls: code for code, cls in MESSAGE_TYPES.items()}
 
