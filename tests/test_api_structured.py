@@ -221,3 +221,16 @@ def test_the_native_endpoint_takes_a_grammar_too(stack):
                                       "guided_choice": ["north", "south"]})  # fmt: skip
     assert r.status_code == 200, r.text
     assert r.json()["text"] in ("north", "south") and r.json()["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("extra", [{"guided_regex": r"\d+"},
+                                   {"structured_outputs": {"regex": r"\d+"}}])  # fmt: skip
+def test_a_regex_digit_is_an_ascii_digit(client, model, extra):
+    """\\d is [0-9], as OpenAI, vLLM and outlines take it: the grammar engine's own regexes
+    (Rust's) let it write any Unicode digit (U+1FBF9, U+A629, ...), which int() refuses."""
+    for prompt in PROMPTS:
+        out = client.completions.create(model=model, prompt=prompt, max_tokens=12,
+                                        extra_body=extra)  # fmt: skip
+        text = out.choices[0].text
+        assert re.fullmatch("[0-9]+", text), (prompt, text)
+        int(text)

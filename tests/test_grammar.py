@@ -121,3 +121,25 @@ def test_the_json_schema_grammar_writes_no_free_whitespace(tok, vocab):
     walk(tok, state, "{")
     allowed = np.flatnonzero(unpack_mask(state.mask(), tok.vocab_size))
     assert not any(tok.decode([int(t)]).isspace() for t in allowed)
+
+
+@pytest.mark.parametrize("pattern, allowed, refused", [
+    (r"\d+", "0123456789", ["٣", "३", "５"]),  # Arabic-Indic, Devanagari, fullwidth digits
+    (r"\w+", "az_AZ09", ["é", "ß", "٣"]),
+    (r"[\d]+", "42", ["٣"]),
+    (r"\D", "x", ["3"]),
+    (r"\s", " ", ["x"]),
+])  # fmt: skip
+def test_a_regex_class_means_what_it_means_in_a_json_schema_pattern(tok, vocab, pattern, allowed,
+                                                                   refused):
+    """\\d is [0-9] and \\w [0-9a-zA-Z_] (ECMA-262, as OpenAI, vLLM and outlines take them), not
+    any Unicode digit or letter: a client asking for \\d+ reads the output with int()."""
+    grammar = specs.from_regex(pattern)
+
+    def takes(text):
+        state = GrammarState(vocab, grammar, tok.eos_ids)
+        return state.matcher.consume_tokens(tok.encode(text, add_special_tokens=False))
+
+    assert takes(allowed)
+    for text in refused:
+        assert not takes(text), (pattern, text)

@@ -31,8 +31,18 @@ def from_json_schema(schema: Any) -> str:
     return checked(grammar)
 
 
+# A regex means what it means in a JSON schema's "pattern" (ECMA-262), as OpenAI, vLLM and
+# outlines take it: \d is [0-9] and \w [0-9a-zA-Z_], never any Unicode digit or letter (a
+# client asking for \d+ parses the output with int()). \s stays Unicode whitespace, as in
+# ECMA-262. The grammar engine's own regexes follow Rust's regex crate (Unicode classes).
+REGEX_ASCII_CLASSES = "dw"
+
+
 def from_regex(pattern: str) -> str:
-    return checked(llguidance.LLMatcher.grammar_from_regex(pattern))
+    if not isinstance(pattern, str):
+        raise GrammarError("a regex must be a string")
+    lark = llguidance.regex_to_lark(pattern, REGEX_ASCII_CLASSES)
+    return checked(llguidance.LLMatcher.grammar_from_lark(f"start: /{lark}/"))
 
 
 def from_choice(choices: list[str]) -> str:
