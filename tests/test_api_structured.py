@@ -17,7 +17,7 @@ from splitserve.grammar import specs
 from splitserve.grammar.matcher import GrammarState
 from splitserve.grammar.vocabulary import grammar_tokenizer
 from splitserve.tokenizers import load_tokenizer
-from tests.http_stack import assert_error_shape, http_stack
+from tests.http_stack import assert_error_shape, http_stack, sse_events, wait_until
 from tests.schema_corpus import SCHEMAS
 
 pytestmark = pytest.mark.timeout(300)
@@ -234,3 +234,70 @@ def test_a_regex_digit_is_an_ascii_digit(client, model, extra):
         text = out.choices[0].text
         assert re.fullmatch("[0-9]+", text), (prompt, text)
         int(text)
+
+
+# ---- one decode slot: each request takes the slot the one before it left -----------------------
+
+# longer than any output of the slot's context: the grammar never completes, so a request under
+# it is still running when a stop string or a disconnect ends it (the decode log shows which)
+ENDLESS_DIGITS = {"type": "object", "required": ["digits"], "additionalProperties": False,
+                  "properties": {"digits": {"type": "string", "pattern": "^[0-9]{4000}$"}}}
+
+
+@pytest.fixture(scope="module")
+def one_slot(tokenizer_8000):
+    with http_stack(tokenizer_8000, model={"num_slots": 1, "max_seq_len": 1024,
+                                           "fake_step_s": 0.002}) as s:  # fmt: skip
+        yield s
+
+
+def digits_request(model: str, **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "count"}],
+            "max_tokens": 900, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "digits", "schema": ENDLESS_DIGITS}}, **extra}  # fmt: skip
+
+
+def released(stack, http_id: str) -> bool:
+    """The decode worker freed the request's slot on a message (a stop string's Finish or an
+    Abort), not on a token of its own: the case where its next mask was being computed."""
+    with open(f"{stack.logs()}/decode-0.log", errors="replace") as fh:
+        return any(f" {http_id}." in line and "released from slot" in line for line in fh)
+
+
+def assert_the_slot_serves_the_next_schema(stack) -> None:
+    client = stack.openai()
+    model = client.models.list().data[0].id
+    text, reason = chat_json(client, model, SCHEMAS["person"], "the next one")
+    assert reason == "stop", text
+    validator(SCHEMAS["person"]).validate(json.loads(text))
+
+
+def test_a_constrained_request_ended_by_a_stop_string_leaves_its_slot_clean(one_slot):
+    model = one_slot.openai().models.list().data[0].id
+    for i in range(2):
+        rid = f"stopped-{i}"
+        with one_slot.http(headers={"X-Request-Id": rid}) as c:
+            r = c.post("/v1/chat/completions", json=digits_request(model, stop=['":"']))
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert (choice["finish_reason"], choice["message"]["content"]) == ("stop", '{"digits')
+        wait_until(lambda rid=rid: released(one_slot, rid), 30, f"{rid}'s slot to be released")
+        assert_the_slot_serves_the_next_schema(one_slot)
+
+
+def test_a_constrained_request_ended_by_a_disconnect_leaves_its_slot_clean(one_slot):
+    model = one_slot.openai().models.list().data[0].id
+    for i in range(2):
+        rid = f"abandoned-{i}"
+        with one_slot.http(headers={"X-Request-Id": rid}) as c:
+            with c.stream("POST", "/v1/chat/completions",
+                          json=digits_request(model, stream=True)) as r:  # fmt: skip
+                assert r.status_code == 200
+                text = ""
+                for event in sse_events(r.iter_lines()):  # until decode writes the digits
+                    text += event["choices"][0]["delta"].get("content") or ""
+                    if text.startswith('{"digits":"'):
+                        break
+                assert text.startswith('{"digits":"'), text
+        wait_until(lambda rid=rid: released(one_slot, rid), 30, f"{rid}'s slot to be released")
+        assert_the_slot_serves_the_next_schema(one_slot)

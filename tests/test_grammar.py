@@ -143,3 +143,27 @@ def test_a_regex_class_means_what_it_means_in_a_json_schema_pattern(tok, vocab, 
     assert takes(allowed)
     for text in refused:
         assert not takes(text), (pattern, text)
+
+
+def test_a_mask_computed_for_a_freed_request_is_never_given_to_the_next_in_its_slot(tok, vocab):
+    """A stop string or an abort frees a slot while the thread computes its next mask; the
+    next request in that slot gets a mask of its own grammar."""
+    digits = specs.from_regex("[0-9]{50}")
+    words = specs.from_choice(["alpha", "beta"])
+    slots = SlotGrammars(tok.vocab_size)
+    try:
+        for also_live in ([], [5]):  # the set of slots the same as prepared, or not
+            for slot in also_live:
+                slots.add(slot, GrammarState(vocab, words, tok.eos_ids))
+            slots.add(0, GrammarState(vocab, digits, tok.eos_ids))
+            slots.prepare()  # the freed request's mask, on the thread
+            slots.remove(0)
+            nxt = GrammarState(vocab, words, tok.eos_ids)
+            slots.add(0, nxt)
+            masks, errors = slots.masks()
+            assert not errors and masks.slots.tolist() == [0, *also_live]
+            assert np.array_equal(masks.wait()[0], nxt.mask())
+            for slot in [0, *also_live]:
+                slots.remove(slot)
+    finally:
+        slots.close()
