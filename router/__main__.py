@@ -41,8 +41,7 @@ from router.http import build_app
 from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
 from splitserve.config import ClusterConfig, load_config
 from splitserve.procutil import API_KEY_ENV, die_with_parent, freeze_startup_objects, pin_cpus
-from splitserve.role_main import add_log_args, configure_logging
-from splitserve.run_dirs import ensure_private_dir
+from splitserve.role_main import add_log_args, configure_logging, hold_place
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
 from splitserve.tokenizers.chat_sources import use_template_file
@@ -181,8 +180,7 @@ def main(argv: list[str] | None = None, serve_fn=serve) -> int:
     pin_cpus(os.environ)
     try:
         config = with_api_key_from_env(load_config(args.config), os.environ)
-        if config.run_dir:
-            ensure_private_dir(config.run_dir)
+        hold_place(config, "router", args.index)  # one router to a run dir (run_dirs.py)
         tokenizer = load_tokenizer(tokenizer_path(config.model))
         use_template_file(tokenizer, config.model.chat_template)  # --chat-template FILE
     except (OSError, ValueError, KeyError) as exc:

@@ -160,6 +160,11 @@ def serve(args: argparse.Namespace) -> int:
         return made[-1]
 
     config = config_from_args(args, make_run_dir)
+    try:  # one stack to a run dir: a second launcher stops here, having changed nothing
+        lock = run_dirs.hold_for_launcher(config.run_dir)
+    except (OSError, ValueError) as exc:
+        print(f"splitserve: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 1
     stop = StopSignals().install()
     # in threads mode one process runs every role
     stack = ProcessStack(config, env=child_env(args))
@@ -194,6 +199,7 @@ def serve(args: argparse.Namespace) -> int:
         stack.stop(timeout_s=config.lifecycle.drain_timeout_s + 10)
         for path in made:
             run_dirs.remove(path)
+        os.close(lock)
         print("splitserve: stopped", flush=True)
 
 

@@ -15,9 +15,9 @@ import threading
 
 import zmq
 
-from splitserve import logfmt
+from splitserve import logfmt, run_dirs
 from splitserve.config import load_config
-from splitserve.procutil import die_with_parent, pin_cpus, place_io_threads
+from splitserve.procutil import PARENT_ENV, die_with_parent, pin_cpus, place_io_threads
 
 
 def configure_logging(role: str, index: int, level: str, fmt: str = "text") -> None:
@@ -59,6 +59,11 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         log.error("bad configuration %s: %s", args.config, exc)
         return 2
+    try:
+        hold_place(config, role, args.index)
+    except (OSError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     stop = threading.Event()
     built: list = []  # the worker, once constructed
 
@@ -86,3 +91,13 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
     finally:
         ctx.destroy(linger=0)
     return 0
+
+
+def hold_place(config, role: str, index: int) -> int | None:
+    """This process's lock in the run directory (splitserve/run_dirs.py), held until it exits:
+    a second copy of it, or a process of a second stack, is refused here, before it binds a
+    socket. None without a run directory (tcp [addresses] only)."""
+    if not config.run_dir:
+        return None
+    run_dirs.ensure_private_dir(config.run_dir)
+    return run_dirs.hold_for_role(config.run_dir, role, index, os.environ.get(PARENT_ENV))

@@ -10,10 +10,24 @@ test and benchmark stacks) makes it under $TMPDIR as `splitserve-*` with an owne
 its pid and that process's start time; it removes the directory on a clean stop, and the next
 launcher reclaims any whose owner is gone (killed, crashed). Without this, directories holding
 stale sockets and cluster files piled up (57 on one machine).
+
+One stack to a run directory: a second stack on the same one (a second `splitserve serve` of
+deploy/one-host.toml) bound the same ipc sockets, took the first one's traffic, and hung in
+"starting" without a word. So the processes hold locks in it (flock, released by the kernel
+when the holder dies, however it dies), each file naming its holder:
+- `launcher.lock`: held by the launcher (`splitserve serve`) for its life. A second launcher is
+  refused at once, naming the holder, before it writes anything there; so is a launcher on a
+  run directory whose role processes run without one (supervisord's).
+- `<role>-<index>.lock`: held by each role process for its life (supervisord runs no launcher,
+  and restarts one program at a time: a restarted process finds its lock free). A second copy
+  of a process is refused, and so is a role process that a launcher holding the directory did
+  not start (it would join that launcher's stack behind its back).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 import stat
@@ -22,6 +36,10 @@ import time
 
 PREFIX = "splitserve-"
 OWNER_FILE = "launcher.pid"
+LAUNCHER_LOCK = "launcher.lock"
+# a role process checking the launcher's lock holds it shared for an instant: a launcher that
+# meets that instant tries again this often before it calls the directory taken
+LOCK_TRIES, LOCK_RETRY_S = 20, 0.01
 # a directory of PREFIX without an owner file was made by an older version, or is being made
 # right now (the owner file follows mkdtemp at once): it is reclaimed only once this old
 LEGACY_AGE_S = 24 * 3600.0
@@ -123,3 +141,110 @@ def process_start_time(pid: int) -> int:
     if fields[0] == "Z":  # a zombie has exited
         return -1
     return int(fields[19])
+
+
+class RunDirInUse(ValueError):
+    """Another process holds the run directory (or this process's place in it)."""
+
+
+def hold_for_launcher(path: str, what: str = "splitserve serve") -> int:
+    """Lock run directory `path` for this launcher's life: the lock's descriptor (closing it, or
+    exiting, releases it). RunDirInUse, naming the holder, when another launcher holds it or a
+    role process runs there; nothing in the directory is changed then."""
+    ensure_private_dir(path)
+    lock_path = os.path.join(path, LAUNCHER_LOCK)
+    existed = os.path.exists(lock_path)
+    fd = _try_lock(lock_path)
+    for _ in range(LOCK_TRIES):
+        if fd is not None or not existed:
+            break
+        time.sleep(LOCK_RETRY_S)
+        fd = _try_lock(lock_path)
+    if fd is None:
+        raise RunDirInUse(f"run dir {path} is in use by {_holder(lock_path)}")
+    running = [_holder(p) for p in _role_locks(path) if _held(p)]
+    if running:
+        if not existed:
+            _unlink(lock_path)
+        os.close(fd)
+        raise RunDirInUse(f"run dir {path} is in use by {', '.join(running)} (started "
+                          "without this launcher: supervisord?)")  # fmt: skip
+    _write_holder(fd, what)
+    return fd
+
+
+def hold_for_role(path: str, role: str, index: int, launcher_pid: str | None) -> int:
+    """Lock this role process's place (role, index) in run directory `path` for its life: the
+    descriptor. RunDirInUse when that process runs already, or when a launcher holds the
+    directory and is not launcher_pid (this process's parent, from the launcher's environment)."""
+    launcher = os.path.join(path, LAUNCHER_LOCK)
+    if _held(launcher):
+        pid = _holder(launcher).rsplit(" ", 1)[-1]
+        if pid != launcher_pid:
+            raise RunDirInUse(f"run dir {path} is in use by {_holder(launcher)}, which runs "
+                              "its own processes")  # fmt: skip
+    lock_path = os.path.join(path, f"{role}-{index}.lock")
+    fd = _try_lock(lock_path)
+    if fd is None:
+        raise RunDirInUse(f"run dir {path} is in use by {_holder(lock_path)}")
+    _write_holder(fd, f"{role}[{index}]")
+    return fd
+
+
+def _try_lock(path: str) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise
+    return fd
+
+
+def _held(path: str) -> bool:
+    """Some process holds the lock file at path now."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(fd)
+    return False
+
+
+def _role_locks(path: str) -> list[str]:
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    return [os.path.join(path, n) for n in sorted(names)
+            if n.endswith(".lock") and n != LAUNCHER_LOCK]  # fmt: skip
+
+
+def _write_holder(fd: int, what: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{what} pid {os.getpid()}\n".encode(), 0)
+
+
+def _holder(lock_path: str) -> str:
+    """Who holds a lock, as its file says ("splitserve serve pid 123", "prefill[0] pid 45")."""
+    try:
+        with open(lock_path) as fh:
+            return fh.read().strip() or "another process"
+    except OSError:
+        return "another process"
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

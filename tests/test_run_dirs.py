@@ -2,7 +2,9 @@
 removed by the launcher that made them on a clean stop, and reclaimed by the next start once
 their launcher is gone; a role started on its own with neither run_dir nor [addresses] refuses
 to start instead of making a directory nobody else finds (every request got 503 under
-supervisord). And the serve command leaves nothing behind."""
+supervisord). And the serve command leaves nothing behind. One stack to a run dir (issue 50): a
+second launcher, or a second copy of a role process, is refused by name and touches nothing of
+the stack that holds it (it used to take over its sockets and hang in "starting")."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ import pytest
 from splitserve import run_dirs
 from splitserve.config import config_from_dict
 from splitserve.launch.ports import free_port
+from tests.http_stack import wait_until
 from tests.test_serve_command import children_of
+from tests.test_serve_supervises import API_KEY, Serve
 
 
 def mode(path: str) -> int:
@@ -117,3 +121,87 @@ def test_serve_removes_its_run_dir_on_a_clean_stop(tokenizer_512):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def entries(path) -> dict[str, tuple[int, int]]:
+    """Each file of a directory: its inode and modification time (a rebound socket or a
+    rewritten file changes them)."""
+    out = {}
+    for entry in os.scandir(path):
+        st = entry.stat(follow_symlinks=False)
+        out[entry.name] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def serve_cmd(config, port: int) -> list[str]:
+    return [sys.executable, "-m", "splitserve", "serve", "--config", str(config), "--port",
+            str(port), "--ready-timeout", "60"]  # fmt: skip
+
+
+def role_cmd(role: str, config, index: int = 0) -> list[str]:
+    return [sys.executable, "-m", f"{role}_worker", "--config", str(config), "--index", str(index)]
+
+
+@pytest.mark.timeout(300)
+def test_a_second_stack_on_a_run_dir_in_use_is_refused_by_name(tokenizer_512, tmp_path):
+    run_dir = tmp_path / "run"
+    first = Serve(tokenizer_512, tmp_path, sections={"cluster": {"run_dir": str(run_dir)}})
+    try:
+        first.wait(lambda: first.health().get("status") == "ready", "the first stack ready")
+        pids = {(w["role"], w["index"]): w["pid"] for w in first.health()["workers"]}
+        before = entries(run_dir)
+        env = {**os.environ, "SPLITSERVE_API_KEY": API_KEY}
+        second = subprocess.run(serve_cmd(tmp_path / "cluster.toml", free_port()), env=env,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert (f"run dir {run_dir} is in use by splitserve serve pid {first.proc.pid}"
+                in second.stderr), second.stderr  # fmt: skip
+        assert "Traceback" not in second.stdout + second.stderr
+        # a role process started on its own on that run dir: refused, it is the launcher's
+        alone = subprocess.run(role_cmd("prefill", run_dir / "cluster.toml"),
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert alone.returncode == 2, alone.stderr
+        assert (f"run dir {run_dir} is in use by splitserve serve pid {first.proc.pid}"
+                in alone.stderr and "Traceback" not in alone.stderr), alone.stderr  # fmt: skip
+        assert entries(run_dir) == before  # no socket rebound, no file rewritten
+        assert {(w["role"], w["index"]): w["pid"] for w in first.health()["workers"]} == pids
+        r = first.http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+    finally:
+        first.close()
+
+
+@pytest.mark.timeout(300)
+def test_role_processes_started_alone_hold_their_places_in_the_run_dir(tokenizer_512, tmp_path):
+    """supervisord's way: no launcher, each program started on its own and restarted alone. A
+    second copy of a process, or a launcher on that run dir, is refused by name; a restarted
+    process (its predecessor gone) takes its place again."""
+    run_dir = tmp_path / "run"
+    config = tmp_path / "cluster.toml"
+    config.write_text(f"[model]\nengine = 'fake'\ntokenizer = '{tokenizer_512}'\n"
+                      f"[cluster]\nrun_dir = '{run_dir}'\n")  # fmt: skip
+    lock = run_dir / "detok-0.lock"
+
+    def holds(proc) -> bool:
+        return lock.exists() and lock.read_text() == f"detok[0] pid {proc.pid}\n"
+
+    worker = subprocess.Popen(role_cmd("detok", config), stderr=subprocess.DEVNULL)
+    try:
+        wait_until((run_dir / "detok-0.sock").exists, 60, "detok[0] to bind its socket")
+        again = subprocess.run(role_cmd("detok", config), capture_output=True, text=True,
+                               timeout=60)  # fmt: skip
+        assert again.returncode == 2, again.stderr
+        assert (f"run dir {run_dir} is in use by detok[0] pid {worker.pid}" in again.stderr
+                and "Traceback" not in again.stderr), again.stderr  # fmt: skip
+        serve = subprocess.run(serve_cmd(config, free_port()), capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
+        assert serve.returncode == 1, serve.stdout + serve.stderr
+        assert f"run dir {run_dir} is in use by detok[0] pid {worker.pid}" in serve.stderr
+        assert not (run_dir / run_dirs.LAUNCHER_LOCK).exists() and holds(worker)
+        worker.kill()
+        worker.wait()
+        worker = subprocess.Popen(role_cmd("detok", config), stderr=subprocess.DEVNULL)
+        wait_until(lambda: holds(worker), 60, "the restarted detok[0] to hold its place")
+    finally:
+        worker.kill()
+        worker.wait()

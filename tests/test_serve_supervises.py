@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from splitserve import tomlwrite
 from splitserve.launch.ports import free_port
 from tests.sse_client import stream_completion
 
@@ -25,16 +26,20 @@ API_KEY = "test-admin-key"
 class Serve:
     """`splitserve serve` with the fake engine, in its own process group; always stopped."""
 
-    def __init__(self, tokenizer: str, tmp_path, *extra: str):
+    def __init__(self, tokenizer: str, tmp_path, *extra: str, sections: dict | None = None):
+        """sections: more keys of the cluster file, by section (e.g. {"cluster": {...}})."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / "serve.log"
         config = tmp_path / "cluster.toml"
-        config.write_text(
-            "[model]\nengine = 'fake'\nfake_step_s = 0.01\nnum_slots = 16\n"
-            f"tokenizer = '{tokenizer}'\n[lifecycle]\nheartbeat_interval_s = 0.1\n"
-            "liveness_timeout_s = 1.0\n"
-        )
+        raw = {
+            "model": {"engine": "fake", "fake_step_s": 0.01, "num_slots": 16,
+                      "tokenizer": tokenizer},  # fmt: skip
+            "lifecycle": {"heartbeat_interval_s": 0.1, "liveness_timeout_s": 1.0},
+        }
+        for name, values in (sections or {}).items():
+            raw.setdefault(name, {}).update(values)
+        config.write_text(tomlwrite.dumps(raw))
         cmd = [sys.executable, "-m", "splitserve", "serve", "--config", str(config)]
         cmd += ["--port", str(self.port), "--ready-timeout", "120", *extra]
         env = {**os.environ, "SPLITSERVE_API_KEY": API_KEY}
