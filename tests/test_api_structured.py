@@ -261,7 +261,8 @@ def released(stack, http_id: str) -> bool:
     """The decode worker freed the request's slot on a message (a stop string's Finish or an
     Abort), not on a token of its own: the case where its next mask was being computed."""
     with open(f"{stack.logs()}/decode-0.log", errors="replace") as fh:
-        return any(f" {http_id}." in line and "released from slot" in line for line in fh)
+        mark = re.compile(rf" {re.escape(http_id)}\S* released from slot ")  # its core id
+        return any(mark.search(line) for line in fh)
 
 
 def assert_the_slot_serves_the_next_schema(stack) -> None:
@@ -301,3 +302,25 @@ def test_a_constrained_request_ended_by_a_disconnect_leaves_its_slot_clean(one_s
                 assert text.startswith('{"digits":"'), text
         wait_until(lambda rid=rid: released(one_slot, rid), 30, f"{rid}'s slot to be released")
         assert_the_slot_serves_the_next_schema(one_slot)
+
+
+def test_a_worker_failure_reaches_the_client_as_an_id_and_the_log_as_its_reason(stack):
+    """A grammar the prefill worker cannot build (a token id past the vocabulary, which the
+    router does not check) fails there with the engine's words and the grammar itself: the
+    client gets neither, in a 500's body or a stream's error event, only its request id."""
+    body = {"prompt": "x", "max_tokens": 8, "guided_grammar": 'start: "hunter2" <[99999]>'}
+    for stream in (False, True):
+        rid = f"worker-failure-{stream}"
+        with stack.http(headers={"X-Request-Id": rid}) as c:
+            with c.stream("POST", "/v1/completions", json={**body, "stream": stream}) as r:
+                text = r.read().decode()
+        if stream:
+            error = [e for e in sse_events(text.splitlines()) if "error" in e][0]["error"]
+        else:
+            error = assert_error_shape(r, 500)
+        assert error["message"] == f"internal server error: see the server's log for request {rid}"
+        assert "hunter2" not in text and "99999" not in text and "grammar" not in text
+        with open(f"{stack.logs()}/router-0.log", errors="replace") as fh:
+            records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", fh.read())  # (some span lines)
+        logged = [record for record in records if rid in record]
+        assert any("hunter2" in record for record in logged), logged

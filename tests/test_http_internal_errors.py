@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import time
 import weakref
 
@@ -113,3 +114,47 @@ def test_a_finished_stream_leaves_no_cycle_for_the_collector(client_for):
         gc.enable()
     assert len(handles) == 4
     assert not alive, f"{len(alive)} of 4 requests still held after they ended"
+
+
+# what a worker's grammar error carries: the engine's parser state and the client's own schema
+WORKER_ERROR = ("decode: a token broke the grammar: Parser Error: token \"97\" doesn't satisfy "
+                "the grammar\n<state>\nTokens: ⟦{‧97⟧\nStop: ParserTooComplex\n</state><grammar>"
+                '\n{"json_schema":{"properties":{"password":{"const":"hunter2"}}}}\n</grammar>')
+
+
+def worker_failed(handle):
+    handle.push(Delta('{"', [1], []))
+    handle.end(FinishReason.ERROR, WORKER_ERROR)
+
+
+def assert_says_nothing_of_it(text: str, request_id: str) -> None:
+    for leak in ("hunter2", "<grammar>", "<state>", "Parser", "broke the grammar", "decode:"):
+        assert leak not in text, (leak, text)
+    assert f"see the server's log for request {request_id}" in text
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "x"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+    ("/v1/responses", {"input": "x"}),
+])  # fmt: skip
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_request_tells_the_client_its_id_and_the_log_the_reason(
+    client_for, caplog, path, body, stream
+):
+    """A 500's body and a stream's error event alike: no internal state, no request content."""
+    rid = f"leak-{stream}-{path.rsplit('/', 1)[-1]}"
+    caplog.set_level(logging.INFO, logger="router.http")
+    with client_for(worker_failed) as c:
+        with c.stream("POST", path, json={**body, "stream": stream},
+                      headers={"X-Request-Id": rid}) as r:  # fmt: skip
+            text = r.read().decode()
+    assert r.headers["x-request-id"] == rid
+    if stream:
+        assert r.status_code == 200 and "error" in text
+    else:
+        assert r.status_code == 500
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert_says_nothing_of_it(text, rid)
+    logged = [m.getMessage() for m in caplog.records if m.getMessage().startswith(rid)]
+    assert any("hunter2" in m for m in logged), logged  # the reason stays in the log

@@ -3,6 +3,11 @@
 Each kind of failure maps to one status: bad input 400, a missing API key 401, an oversized body
 413, overload 429 (or 503 when no pipeline is ready), anything unexpected 500 with a message and
 never a stack trace (that goes to the log).
+
+A 500's body is one fixed sentence naming the request id (internal_error()): what went wrong may
+hold internal state or the request's own content (a worker's grammar error carries the engine's
+parser state and the client's schema), so it goes to the log under that id and never to the
+client, in a JSON body or in a stream's error event alike.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class APIError(Exception):
         kind: str = INVALID,
         param: str | None = None,
         code: str | None = None,
+        detail: str = "",
     ):
         super().__init__(message)
         self.status = status
@@ -47,6 +53,11 @@ class APIError(Exception):
         self.kind = kind
         self.param = param
         self.code = code
+        self.detail = detail  # what the log says instead of message; never sent
+
+    @property
+    def logged(self) -> str:
+        return self.detail or self.message
 
     @classmethod
     def from_core(cls, exc: RequestError) -> APIError:
@@ -65,6 +76,13 @@ class ClientGone(APIError):
 
     def __init__(self) -> None:
         super().__init__(499, "the client closed the request", code="client_closed_request")
+
+
+def internal_error(request_id: str, detail: str = "", status: int = 500) -> APIError:
+    """A 5xx for the client: no internal state and no request content, only the id under
+    which the log keeps `detail`."""
+    message = f"internal server error: see the server's log for request {request_id}"
+    return APIError(status, message, INTERNAL, detail=detail)
 
 
 def error_body(
@@ -124,10 +142,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        kind = INVALID if exc.status_code < 500 else INTERNAL
+        headers = getattr(exc, "headers", None)
+        if exc.status_code >= 500:
+            log.error("%s: HTTP %d on %s: %s", _request_id(request), exc.status_code,
+                      request.url.path, exc.detail)  # fmt: skip
+            error = internal_error(_request_id(request), status=exc.status_code)
+            return error.response(headers=headers)
         code = HTTP_CODES.get(exc.status_code)
-        error = APIError(exc.status_code, str(exc.detail), kind, code=code)
-        return error.response(headers=getattr(exc, "headers", None))
+        return APIError(exc.status_code, str(exc.detail), code=code).response(headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -135,7 +157,7 @@ def install_error_handlers(app: FastAPI) -> None:
             "%s: internal error on %s %s",
             _request_id(request), request.method, request.url.path, exc_info=exc,
         )  # fmt: skip
-        return APIError(500, "internal server error: see the router's log", INTERNAL).response()
+        return internal_error(_request_id(request)).response()
 
 
 def _request_id(request: Request) -> str:
@@ -144,4 +166,4 @@ def _request_id(request: Request) -> str:
 
 def _log_client_error(request: Request, error: APIError) -> None:
     log.info("%s: HTTP %d on %s: %s", _request_id(request), error.status, request.url.path,
-             error.message)  # fmt: skip
+             error.logged)  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 
 from router.http.context import ServerContext
-from router.http.errors import APIError, ClientGone
+from router.http.errors import APIError, ClientGone, internal_error
 from router.params import MAX_SEED
 from router.requests import Delta, RequestHandle, RequestParams, Result
 from splitserve.protocol import FinishReason
@@ -148,11 +148,13 @@ class Generation:
             pass
 
     def failure(self, choice: Choice | None = None) -> APIError | None:
-        """The error a failed choice (or the first failed one) must be reported as."""
+        """The error a failed choice (or the first failed one) must be reported as: the
+        reason (a worker's message may hold its grammar state and the request's schema) is
+        for the log only."""
         for c in [choice] if choice is not None else self.choices:
             r = c.result
             if r is not None and r.finish_reason == FinishReason.ERROR:
-                return APIError(500, r.error or "the request failed", "internal_error")
+                return internal_error(self.request_id, r.error or "the request failed")
             if r is not None and r.finish_reason == FinishReason.ABORT:
                 return APIError(500, "the request was aborted", "internal_error")
         return None

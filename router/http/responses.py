@@ -19,7 +19,7 @@ from router.http.chat import chat_params
 from router.http.chat_schemas import ChatCompletionRequest
 from router.http.chat_templates import render_prompt
 from router.http.context import ServerContext
-from router.http.errors import INTERNAL, APIError
+from router.http.errors import INTERNAL, APIError, internal_error
 from router.http.generation import Choice, Generation
 from router.http.logprobs import chat_logprobs
 from router.http.responses_schemas import ResponsesRequest, in_responses_terms
@@ -174,7 +174,7 @@ class ResponseOutput:
                 if delta is None:
                     error = gen.failure(choice)
                     if error is not None:
-                        log.info("%s: failed while streaming: %s", gen.request_id, error.message)
+                        log.info("%s: failed while streaming: %s", gen.request_id, error.logged)
                         failed = self.response("failed", writer.output, choice)
                         failed["error"] = {"code": "server_error", "message": error.message}
                         yield self._event("response.failed", response=failed)
@@ -194,8 +194,8 @@ class ResponseOutput:
                     yield chunk
         except Exception:  # a bug here must not leave the client hanging: report it
             log.exception("%s: internal error while streaming", gen.request_id)
-            yield self._event("error", code=INTERNAL, message="internal server error",
-                              param=None)  # fmt: skip
+            yield self._event("error", code=INTERNAL,
+                              message=internal_error(gen.request_id).message, param=None)
         finally:
             gen.close()
 

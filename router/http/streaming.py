@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from router.http.errors import INTERNAL, error_body
+from router.http.errors import internal_error
 from router.http.generation import Choice, Generation
 from router.http.schemas import StreamOptions
 from router.requests import Delta
@@ -146,7 +146,7 @@ async def stream_events(
             if error is not None:
                 failed = True
                 gen.abort()  # one failed choice fails the request: end the others too
-                log.info("%s: failed while streaming: %s", gen.request_id, error.message)
+                log.info("%s: failed while streaming: %s", gen.request_id, error.logged)
                 yield sse(error.body())
                 break
             for chunk in getattr(fmt, "closing_chunks", _none)(choice):
@@ -156,7 +156,7 @@ async def stream_events(
             yield sse(fmt.usage_chunk(gen.usage()))
     except Exception:  # a bug here must not leave the client hanging: report it in the stream
         log.exception("%s: internal error while streaming", gen.request_id)
-        yield sse(error_body("internal server error: see the router's log", INTERNAL))
+        yield sse(internal_error(gen.request_id).body())
     finally:
         gen.close()
     yield DONE
