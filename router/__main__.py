@@ -40,6 +40,7 @@ from router.core import RouterCore
 from router.http import build_app
 from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
 from splitserve.config import ClusterConfig, load_config
+from splitserve.model_source import check_model
 from splitserve.procutil import API_KEY_ENV, die_with_parent, freeze_startup_objects, pin_cpus
 from splitserve.role_main import add_log_args, configure_logging, hold_place
 from splitserve.tokenizer_path import tokenizer_path
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None, serve_fn=serve) -> int:
     pin_cpus(os.environ)
     try:
         config = with_api_key_from_env(load_config(args.config), os.environ)
+        check_model(config.model, weights=False)  # its tokenizer: the model's own, or named
         hold_place(config, "router", args.index)  # one router to a run dir (run_dirs.py)
         tokenizer = load_tokenizer(tokenizer_path(config.model))
         use_template_file(tokenizer, config.model.chat_template)  # --chat-template FILE

