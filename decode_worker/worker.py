@@ -129,7 +129,9 @@ class DecodeWorker(WorkerLoop):
     def on_prefix(self, header: PrefixHeader, frames: list[Any]) -> None:
         """A prefix from prefill (its KV arrays in frames) waits for a free slot."""
         rid = header.request_id
-        if self.gone.covers(rid, header.epoch) or not self.serves_router(header.router_incarnation):
+        if self.gone.covers(rid, header.epoch):
+            return
+        if not self.serves_router(header.router_incarnation, from_router=False):
             return
         held = self.slots.get(rid)
         if held is not None or any(h.request_id == rid for h in self.queued_headers()):

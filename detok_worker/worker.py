@@ -15,7 +15,7 @@ A request's path through this process:
  6. When a request moves here (its detok worker, or its decode worker, died), the router's
     ResumeStream rebuilds its state from the tokens the client has had, emitting none of them,
     at the request's new placement epoch; tokens of older epochs are dropped from then on.
- 7. When the router restarts (a RouterHello, or a stream opened, of a newer router incarnation),
+ 7. When the router restarts (a RouterHello, or a ResumeStream, of a newer router incarnation),
     the streams of its predecessor are dropped: their clients are gone with it.
 """
 
@@ -155,7 +155,7 @@ class DetokWorker(WorkerLoop):
         current = self.streams.get(rid)
         if self.gone.covers(rid, opened.epoch) or (current and current.epoch >= opened.epoch):
             return
-        if not self.serves_router(opened.router_incarnation):
+        if not self.serves_router(opened.router_incarnation, from_router=False):
             return
         stream = Stream.open(
             rid, opened.epoch, opened.decode_index, opened.detok, opened.logprobs, self.table

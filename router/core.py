@@ -33,6 +33,7 @@ import zmq
 
 from router.admission import AdmissionController
 from router.dispatch import MessageDispatch
+from router.inbox import HeartbeatClock
 from router.links import WorkerLinks
 from router.liveness import LivenessMonitor
 from router.metrics import RouterMetrics
@@ -82,7 +83,11 @@ class RouterCore:
         # threads mode shares one context (inproc needs it); a process makes its own
         self.ctx = ctx if ctx is not None else zmq.Context()
         self.counters = TransportCounters()
-        self.workers = WorkerTable(config.addresses, config.lifecycle.liveness_timeout_s)
+        # when heartbeats arrived, as the inbox's thread read them (router/inbox.py)
+        self.clock = HeartbeatClock()
+        self.workers = WorkerTable(
+            config.addresses, config.lifecycle.liveness_timeout_s, self.clock
+        )
         self.requests = RequestTable(config.lifecycle.state_ttl_s)
         affinity = None
         if (config.model.prefix_cache and config.router.prefix_affinity
@@ -118,7 +123,7 @@ class RouterCore:
     async def start(self) -> None:
         self.links = WorkerLinks(
             self.ctx, self.config.addresses, self.counters,
-            max_message_bytes("router", self.config), self.config.security.keys_dir,
+            max_message_bytes("router", self.config), self.config.security.keys_dir, self.clock,
         )  # fmt: skip
         self._ready_event = asyncio.Event()
         self._detok_pool = self.workers.detok_endpoints()
@@ -129,7 +134,7 @@ class RouterCore:
         )  # fmt: skip
         self.links.start_reading(dispatch)
         self._tasks = [
-            asyncio.create_task(self.liveness.run(), name="router-monitor"),
+            asyncio.create_task(self.liveness.run(self.links.inbox), name="router-monitor"),
             asyncio.create_task(self._say_hello(), name="router-hello"),
         ]
 

@@ -2,8 +2,8 @@
 send sequence numbers of what goes to prefill workers (docs/protocol.md, "The first-token bound").
 
 The senders are the workers' own type (splitserve.transport.Sender): sends never block, and a
-send to a slow or gone worker is dropped and counted. The receiver is read by a reader on the
-socket's descriptor (no future per message, as zmq.asyncio's recv would cost); see start_reading.
+send to a slow or gone worker is dropped and counted. The receiver is read by the inbox's thread
+(router/inbox.py), which notes when heartbeats arrive; see start_reading.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import zmq
 
+from router.inbox import HeartbeatClock, Inbox
 from router.placement import Stamp
 from splitserve.config import WORKER_ROLES, Addresses
 from splitserve.protocol import Abort, Fence, TransportCounters
@@ -25,26 +26,24 @@ from splitserve.transport import Receiver, Sender
 
 log = logging.getLogger(__name__)
 
-READ_BATCH = 256  # worker messages handled per pass of the event loop
-
 
 class WorkerLinks:
     def __init__(
         self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters,
-        max_message_bytes: int = -1, keys_dir: str = "",
+        max_message_bytes: int = -1, keys_dir: str = "", clock: HeartbeatClock | None = None,
     ):  # fmt: skip
-        """keys_dir: the cluster's CURVE keys ([security]): tcp links then use them."""
+        """keys_dir: the cluster's CURVE keys ([security]): tcp links then use them. clock:
+        where the inbox notes the arrival of heartbeats (the worker table judges by it)."""
         self.ctx = ctx
         self.counters = counters
         self.keys_dir = keys_dir
         curve = curve_server(keys_dir, addresses.router, "router", 0)
         self.receiver = Receiver(ctx, addresses.router, counters, max_message_bytes, curve)
+        self.inbox = Inbox(self.receiver, clock if clock is not None else HeartbeatClock())
         self.senders: dict[tuple[str, int], Sender] = {}
         for role in WORKER_ROLES:
             for index, endpoint in enumerate(addresses.of(role)):
                 self.connect(role, index, endpoint)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_message: Callable[[Any, str | None], None] | None = None
         # (role, index) -> [(request id, epoch)] to abort at the end of this event-loop turn
         self._pending_aborts: dict[tuple[str, int], list[tuple[str, int]]] = {}
         # From the start time in microseconds: a restarted router numbers above its predecessor
@@ -88,25 +87,7 @@ class WorkerLinks:
     def start_reading(self, on_message: Callable[[Any, str | None], None]) -> None:
         """Hand every message that arrives to on_message(message, its sender's authenticated
         name or None), on the running event loop."""
-        self._loop = asyncio.get_running_loop()
-        self._on_message = on_message
-        self._loop.add_reader(self.receiver.socket.getsockopt(zmq.FD), self._on_readable)
-        self._loop.call_soon(self._on_readable)  # whatever came before the reader was added
-
-    def _on_readable(self) -> None:
-        """Dispatch the messages waiting, up to READ_BATCH, then again on the next pass of the
-        event loop while more wait, so that the clients' streams get a turn under a flood.
-
-        The descriptor only says that the socket's state may have changed; reading until no
-        message waits (Receiver.pending) is what re-arms it.
-        """
-        for msg, _, peer in self.receiver.drain_from(READ_BATCH):
-            try:
-                self._on_message(msg, peer)
-            except Exception:  # a bug must not stop the router from reading its workers
-                log.exception("router: failed to handle %s", type(msg).__name__)
-        if self.receiver.pending():
-            self._loop.call_soon(self._on_readable)
+        self.inbox.start(asyncio.get_running_loop(), on_message)
 
     # ---- aborts ----
     def abort_soon(self, request_id: str, stamp: Stamp, roles=WORKER_ROLES) -> None:
@@ -127,10 +108,8 @@ class WorkerLinks:
             self.send(role, index, Abort(list(rids), list(epochs)))
 
     def close(self) -> None:
-        receiver = self.receiver
-        if not receiver.socket.closed:
-            if self._loop is not None:
-                self._loop.remove_reader(receiver.socket.getsockopt(zmq.FD))
-            receiver.close()
+        self.inbox.stop()
+        if not self.receiver.socket.closed:
+            self.receiver.close()
         for s in self.senders.values():
             s.close()

@@ -1,9 +1,11 @@
 """Worker liveness and request deadlines: the router's monitor.
 
-Every MONITOR_INTERVAL_S it marks workers dead whose heartbeats stopped (a worker that restarted is
-seen by its new pid as heartbeats arrive, see WorkerTable.observe) and has the requests that
-depended on a lost worker moved (router/migration.py); it also ends requests past their deadline,
-and those that made no progress for stall_timeout_s (the backstop for a message lost in a crash).
+Every MONITOR_INTERVAL_S it marks workers dead whose heartbeats stopped, as the inbox's thread saw
+them arrive (router/inbox.py; a worker that restarted is seen by its new incarnation as heartbeats
+arrive, see WorkerTable.observe) and has the requests that depended on a lost worker moved
+(router/migration.py); it also ends requests past their deadline, and those that made no progress
+for stall_timeout_s (the backstop for a message lost in a crash) unless the event loop is behind
+with the workers' messages (their progress may be among them).
 A request still waiting for its first token is lost once its prefill worker has shown that the
 request left it (see prefill_cleared) and stall_timeout_s more passed: a prefill queue, however
 long, is never a stall, and a heartbeat delayed in a busy router is no evidence either way.
@@ -15,12 +17,15 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from router.inbox import Inbox
 from router.request_table import RequestTable
 from router.requests import RequestHandle
 from router.workers import WorkerState, WorkerTable
 from splitserve.protocol import DecodeLoad, FinishReason
 
 MONITOR_INTERVAL_S = 0.1
+# the loop has had workers' messages waiting, unhandled, for this long: it is behind
+BEHIND_S = 1.0
 
 EndRequest = Callable[[RequestHandle, FinishReason, str], None]
 
@@ -46,22 +51,25 @@ class LivenessMonitor:
         self.fence = fence
         self.fenced_at: dict[int, float] = {}  # prefill worker -> when it was last sent a Fence
 
-    async def run(self) -> None:
+    async def run(self, inbox: Inbox) -> None:
         while True:
             await asyncio.sleep(MONITOR_INTERVAL_S)
             for w in self.workers.expire():
                 self.worker_lost(w)
             self.on_workers_changed(None)
-            self.expire_requests()
+            now = time.monotonic()
+            behind = inbox.backlog() > 0 and now - inbox.emptied_at > BEHIND_S
+            self.expire_requests(now, stalls=not behind)
             self.requests.prune()
 
-    def expire_requests(self, now: float | None = None) -> None:
+    def expire_requests(self, now: float | None = None, stalls: bool = True) -> None:
         """The backstop for requests lost without a worker dying (a message lost in a crash):
         no output for stall_timeout_s. A request still queued at the prefill worker (new, or
         moved and sent to be prefilled again), or (while the decode worker has prefixes waiting)
         still waiting for a decode slot, is not lost: only its overall deadline and the liveness
         of its workers bound it. `now`: the monotonic time of this pass (the current one when not
-        given)."""
+        given). stalls=False: only deadlines end requests (the loop is behind with the workers'
+        messages, which may hold the progress of those that look stalled)."""
         now = time.monotonic() if now is None else now
         stall = self.stall_timeout_s
         contended = {
@@ -73,6 +81,8 @@ class LivenessMonitor:
         for handle in self.requests.handles():
             if now > handle.deadline:
                 self.end(handle, FinishReason.ERROR, "request timed out")
+            elif not stalls:
+                continue
             elif handle.waiting_since is not None:
                 continue  # a move waits for a live worker: bounded by migration_timeout_s
             elif handle.completion_tokens == handle.prefill_from:  # its prefill's token not in

@@ -1,14 +1,15 @@
 """The router's view of its workers: who is ready, who is alive, and their load figures.
 
 A worker is ready after a Ready (or a heartbeat naming this protocol version, for a router that
-restarted after its workers) and dead after liveness_timeout_s without a heartbeat. Each run of a
-worker has its own random incarnation, in its Ready and every heartbeat: a Ready of a new
-incarnation for a known role and index means the worker restarted, and everything that depended
-on it is lost. A heartbeat of another incarnation than a live worker's is ignored: it is no
-restart (a forged one used to end, and would now move, every stream of the worker). A restart
+restarted after its workers) and dead after liveness_timeout_s without a heartbeat, as the inbox's
+thread saw them arrive (router/inbox.py: a heartbeat that waited for a busy event loop is no
+silence). Each run of a worker has its own random incarnation, in its Ready and every heartbeat: a
+Ready of a new incarnation for a known role and index means the worker restarted, and everything
+that depended on it is lost. A heartbeat of another incarnation than a live worker's is ignored: it
+is no restart (a forged one used to end, and would now move, every stream of the worker). A restart
 whose Ready was lost is seen once the old incarnation's heartbeats stop (it dies, then the new
-incarnation's heartbeats make it ready). With CURVE, dispatch has already checked that the
-message came from that worker's own key.
+incarnation's heartbeats make it ready). With CURVE, dispatch has already checked that the message
+came from that worker's own key.
 
 The prefill and decode workers are the cluster file's; the detok pool may grow while serving: a
 detok worker of a new index joins when it reports Ready (its endpoint in the Ready), and one
@@ -22,6 +23,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from router.inbox import HeartbeatClock
 from splitserve.config import Addresses
 from splitserve.protocol import (
     PROTOCOL_VERSION,
@@ -94,8 +96,11 @@ FOREIGN_LOG_S = 10.0  # ignored heartbeats are logged at most this often per wor
 
 
 class WorkerTable:
-    def __init__(self, addresses: Addresses, liveness_timeout_s: float):
+    def __init__(
+        self, addresses: Addresses, liveness_timeout_s: float, clock: HeartbeatClock | None = None
+    ):
         self.liveness_timeout_s = liveness_timeout_s
+        self.clock = clock if clock is not None else HeartbeatClock()
         self.workers: dict[tuple[str, int], WorkerState] = {}
         for role in ("prefill", "decode", "detok"):
             for i, endpoint in enumerate(addresses.of(role)):
@@ -170,10 +175,10 @@ class WorkerTable:
 
     def expire(self) -> list[WorkerState]:
         """Mark silent workers dead; returns those that just died."""
-        now = time.monotonic()
         died = []
         for w in self.workers.values():
-            if w.state == "ready" and now - w.last_seen > self.liveness_timeout_s:
+            silent = self.clock.silent_for(w.key, w.incarnation)
+            if w.state == "ready" and silent > self.liveness_timeout_s:
                 w.state = "dead"
                 died.append(w)
                 log.error("%s[%d] missed heartbeats: dead", w.role, w.index)

@@ -303,14 +303,16 @@ class WorkerLoop:
     def on_router_hello(self, msg: RouterHello, _frames: list[Any]) -> None:
         self.serves_router(msg.incarnation)
 
-    def serves_router(self, incarnation: int) -> bool:
+    def serves_router(self, incarnation: int, from_router: bool = True) -> bool:
         """Whether a request of the router of this incarnation is served here: False for an
-        older incarnation than the one this worker follows (the message is dropped). A newer one
-        is followed from now on, and the requests of the older ones end
-        (end_router_requests)."""
+        older incarnation than the one this worker follows (the message is dropped). A newer one,
+        in a message from the router itself, is followed from now on, and the requests of the
+        older ones end (end_router_requests); in a message another worker passed on (a prefix,
+        a stream's opening) it is served, and followed once the router says so: only the router
+        speaks for itself."""
         if incarnation < self.router_incarnation:
             return False
-        if incarnation > self.router_incarnation:
+        if incarnation > self.router_incarnation and from_router:
             known, self.router_incarnation = self.router_incarnation, incarnation
             ended = self.end_router_requests(incarnation)
             if known:

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from router.core import RouterCore
-from router.links import READ_BATCH
+from router.inbox import READ_BATCH
 from router.requests import NotReady, RequestParams
 from splitserve.tokenizers import load_tokenizer
 from tests.pipeline_util import make_config, pipeline, run, wait_for

@@ -89,7 +89,7 @@ stops = st.builds(StopCriteria, st.integers(1, 2**31 - 1), tokens, st.booleans()
 detoks = st.builds(DetokParams, st.booleans(), st.lists(st.text(min_size=1, max_size=8),
                    max_size=protocol.MAX_WIRE_STOPS), st.booleans(), tokens)  # fmt: skip
 opens = st.builds(OpenStream, ids, tokens, tokens, detoks, st.booleans(),
-                  st.none() | prompt_scores(), tokens)  # fmt: skip
+                  st.none() | prompt_scores(), tokens, counts)  # fmt: skip
 reasons = st.sampled_from([protocol.FinishReason.NONE, protocol.FinishReason.STOP,
                            protocol.FinishReason.LENGTH])  # fmt: skip
 
@@ -161,7 +161,8 @@ def prefixes(draw):
                           protocol.kv_meta(kv), draw(st.none() | controls()), draw(grammars),
                           draw(st.just([]) | st.lists(tokens, min_size=length, max_size=length)),
                           draw(st.lists(tokens, min_size=k, max_size=k)),
-                          draw(st.lists(logprobs, min_size=k, max_size=k)))  # fmt: skip
+                          draw(st.lists(logprobs, min_size=k, max_size=k)),
+                          draw(counts))  # fmt: skip
     return header, kv
 
 
@@ -181,6 +182,7 @@ BY_TYPE = {
     GenerateRequest: no_arrays(st.builds(
         GenerateRequest, ids, tokens, tokens, tokens, st.lists(tokens, min_size=1, max_size=300),
         tokens, sampling, stops, detoks, st.booleans(), st.none() | controls(), grammars, counts,
+        counts,
     )),
     PrefixHeader: prefixes(),
     TokenBatch: no_arrays(token_batches()),
@@ -191,8 +193,10 @@ BY_TYPE = {
     RequestFailed: no_arrays(columns(RequestFailed, 2, roles, st.text())),
     protocol.ResumeStream: no_arrays(st.builds(
         protocol.ResumeStream, ids, tokens, tokens, detoks, st.booleans(), token_lists, tokens,
+        counts,
     )),
     protocol.Repin: no_arrays(columns(protocol.Repin, 4)),
+    protocol.RouterHello: no_arrays(st.builds(protocol.RouterHello, counts)),
     protocol.DetokPool: no_arrays(
         st.builds(protocol.DetokPool, st.lists(st.text(max_size=60), max_size=8))
     ),
