@@ -9,6 +9,7 @@ a test disconnects from it.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 
 import httpx
@@ -391,19 +392,21 @@ def test_request_id_is_used_and_echoed(stack, model):
         )
         assert r.status_code == 200
         assert r.headers["x-request-id"] == rid and r.json()["id"] == f"cmpl-{rid}"
+    # the workers' ids of its choices: the client's id, the router's own tag, the choice
+    core = [re.escape(rid) + r"\.[0-9a-f]{8}-" + str(i) for i in range(2)]
     with open(f"{stack.logs()}/router-0.log") as fh:
         log = fh.read()
-    assert f"{rid}-0 admitted" in log and f"{rid}-1 admitted" in log
+    assert all(re.search(c + " admitted", log) for c in core)
     # every process that handled the request logged its id
     for name in ("prefill-0", "decode-0"):
         with open(f"{stack.logs()}/{name}.log") as fh:
             log = fh.read()
-        assert f"{rid}-0 " in log and f"{rid}-1 " in log, name
+        assert all(re.search(c + " ", log) for c in core), name
     detok_logs = ""
     for k in range(stack.config.detok_count):
         with open(f"{stack.logs()}/detok-{k}.log") as fh:
             detok_logs += fh.read()
-    assert f"{rid}-0 stream opened" in detok_logs and f"{rid}-1 stream opened" in detok_logs
+    assert all(re.search(c + " stream opened", detok_logs) for c in core)
 
 
 def test_duplicate_in_flight_request_id_is_refused(stack):
