@@ -8,6 +8,11 @@ between two sends). The paths the workers name are prefill_to_detok, prefill_to_
 decode_to_detok, detok_to_decode and <role>_to_router (heartbeats, on a socket of their own, are
 never faulted).
 
+Two bounds make a full queue easy to reach: prefill_to_decode_hwm (the messages the prefill
+worker's socket to each decode worker queues, instead of message_limits.prefix_send_hwm) and
+prefill_to_decode_outbox_bytes (the bytes of prefixes it holds for one decode worker whose
+socket takes no more, instead of message_limits.PREFIX_OUTBOX_BYTES); see FaultInjector.bound.
+
 The worker shell wraps each of its senders with FaultInjector.wrap() and calls release_due() once
 per loop pass; with no faults configured, wrap() returns the sender itself and release_due() has
 nothing to do, so production sends never pass through this module.
@@ -65,6 +70,9 @@ class FaultySender:
     def send(self, msg: Any, arrays: list | None = None) -> bool:
         return self.send_frames(protocol.encode(msg, arrays))
 
+    def offer(self, frames: list[Any]) -> bool:
+        return self.send_frames(frames)  # held here: the socket's room is not this one's
+
     def send_frames(self, frames: list[Any]) -> bool:
         # memoryviews may point into buffers the caller reuses: hold bytes copies
         frames = [bytes(f) for f in frames]
@@ -108,6 +116,9 @@ class DroppingSender:
     def send_frames(self, frames: list[Any]) -> bool:
         return True
 
+    def offer(self, frames: list[Any]) -> bool:
+        return True
+
     def close(self) -> None:
         self.inner.close()
 
@@ -141,6 +152,10 @@ class FaultInjector:
         faulty = FaultySender(sender, delay_s=delay, reorder=reorder)
         self._held.append(faulty)
         return faulty
+
+    def bound(self, name: str, default: int) -> int:
+        """A queue bound the environment sets (e.g. prefill_to_decode_hwm=1), else default."""
+        return int(self.faults.get(name, default))
 
     def release_due(self) -> None:
         """Send every held message that is due; called by the worker shell once per loop pass."""

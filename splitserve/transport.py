@@ -3,6 +3,7 @@
 A receiver binds; its senders connect, so ZeroMQ itself reconnects to a restarted peer. Sends never
 block: when a peer is slow or gone and the send queue is full, the message is dropped and counted,
 and the count travels in heartbeats, so a dead peer is a visible condition, never a stalled loop.
+A caller that keeps what the queue refuses, to send it later, offers it instead (Sender.offer).
 
 On tcp with the cluster's keys both ends speak CURVE (splitserve/security.py): a receiver lets in
 only the cluster's processes that send to it, and tells who sent each message (drain_from). An
@@ -115,11 +116,19 @@ class Sender:
         return self.send_frames(protocol.encode(msg, arrays))
 
     def send_frames(self, frames: list[Any]) -> bool:
+        if self.offer(frames):
+            return True
+        self.counters.dropped += 1
+        log.warning("send to %s dropped: peer slow or gone", self.endpoint)
+        return False
+
+    def offer(self, frames: list[Any]) -> bool:
+        """Queue the frames if the socket's queue has room now. False, with nothing counted or
+        logged, when it has none: for a caller that keeps them and offers them again
+        (prefill_worker/outbox.py), a full queue is no drop."""
         try:
             self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self.counters.dropped += 1
-            log.warning("send to %s dropped: peer slow or gone", self.endpoint)
             return False
         self.counters.sent += 1
         return True
