@@ -14,6 +14,7 @@ from splitserve.protocol import (
     ProtocolError,
     StopCriteria,
 )
+from splitserve.protocol.field_specs import MAX_WIRE_DECODE_WORKERS
 from tests.wire_strategies import messages
 
 
@@ -139,6 +140,10 @@ WELL_FORMED_BUT_WRONG = {
     "a histogram with a count missing": _changed(good_beat, [7, 4, 1], [1, 2]),
     "histogram buckets out of order": _changed(good_beat, [7, 4, 0], [0.2, 0.1]),
     "a negative loop age": _changed(good_beat, [4], -1.0),
+    "prefixes waiting for more decode workers than the wire allows": _changed(
+        good_beat, [7, 15], [0] * (MAX_WIRE_DECODE_WORKERS + 1)
+    ),
+    "a negative count of waiting prefixes": _changed(good_beat, [7, 15], [1, -1]),
 }
 
 

@@ -114,7 +114,8 @@ def histograms(draw):
 
 transports = st.builds(protocol.TransportCounters, counts, counts, counts, counts)
 prefill_loads = st.builds(protocol.PrefillLoad, counts, counts, counts, counts, histograms(),
-                          *[counts] * 6, st.integers(-1, 1))  # fmt: skip
+                          *[counts] * 6, st.integers(-1, 1),
+                          outbox=st.lists(tokens, max_size=4), outbox_waited=counts)  # fmt: skip
 decode_loads = st.builds(protocol.DecodeLoad, *[counts] * 12, histograms(), histograms(),
                          histograms())  # fmt: skip
 detok_loads = st.builds(protocol.DetokLoad, *[counts] * 8, histograms())

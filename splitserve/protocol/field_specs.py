@@ -55,6 +55,7 @@ from splitserve.wire_checks import (
 MAX_WIRE_STOPS = 64  # stop strings per request (the router allows 16)
 MAX_WIRE_STOP_CHARS = 4096  # characters per stop string (the router allows 1,024)
 MAX_KV_DIMS = 8
+MAX_WIRE_DECODE_WORKERS = 4096  # decode workers a prefill worker's load report counts for
 WORKER_ROLES = frozenset({"prefill", "decode", "detok"})
 # top_p reaches the sampler as float32, on hardware that flushes subnormals to zero: below this
 # (float32's smallest normal number) it would keep no token at all. The router raises smaller
@@ -175,7 +176,10 @@ FIELD_SPECS: dict[type, dict[str, Any]] = {
         "top_logprobs": TOP_LOGPROBS,
         "cached_tokens": TOKEN,
     },
-    PrefillLoad: {"prefix_check": Int(-1, 1)},
+    PrefillLoad: {
+        "prefix_check": Int(-1, 1),
+        "outbox": Items(TOKEN, 0, MAX_WIRE_DECODE_WORKERS),
+    },
     Abort: {"request_ids": RIDS, "epochs": TOKENS},
     Finish: {"request_ids": RIDS, "epochs": TOKENS},
     RequestFailed: {"request_ids": RIDS, "epochs": TOKENS, "role": ROLE},

@@ -13,6 +13,7 @@ from splitserve.engine.interface import (
     SamplingParams,
 )
 
+# 12: PrefillLoad.outbox, outbox_waited (prefixes waiting for a decode worker's socket);
 # 11: RouterHello and each request's router_incarnation (a restarted router's requests are never
 # matched to its predecessor's, whose orphans the workers end);
 # 10: DecodeLoad.compiling (the k-step programs compiled after Ready);
@@ -21,7 +22,7 @@ from splitserve.engine.interface import (
 # 7: send sequence numbers to prefill workers (GenerateRequest.seq, Fence, PrefillLoad.last_seq);
 # 6: prefix cache (cached_tokens, PrefillLoad's prefix_*); 5: logits controls, grammars, top and
 # prompt logprobs; 4: incarnations
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 
 
 class TokenFinish(enum.IntEnum):
@@ -358,6 +359,10 @@ class PrefillLoad:
     # ready); a first start after a build change spends minutes of CPU on them
     prefix_compiling: int = 0
     batched_calls: int = 0  # engine calls that ran more than one prompt, since start
+    # prefixes waiting in the outbox for each decode worker (by index) whose socket took no more
+    # (prefill_worker/outbox.py), and how many had to wait there since start
+    outbox: list[int] = field(default_factory=list)
+    outbox_waited: int = 0
 
 
 @dataclass
