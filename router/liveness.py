@@ -21,7 +21,7 @@ from router.inbox import Inbox
 from router.request_table import RequestTable
 from router.requests import RequestHandle
 from router.workers import WorkerState, WorkerTable
-from splitserve.protocol import DecodeLoad, FinishReason
+from splitserve.protocol import DecodeLoad, FinishReason, PrefillLoad
 
 MONITOR_INTERVAL_S = 0.1
 # the loop has had workers' messages waiting, unhandled, for this long: it is behind
@@ -65,17 +65,18 @@ class LivenessMonitor:
     def expire_requests(self, now: float | None = None, stalls: bool = True) -> None:
         """The backstop for requests lost without a worker dying (a message lost in a crash):
         no output for stall_timeout_s. A request still queued at the prefill worker (new, or
-        moved and sent to be prefilled again), or (while the decode worker has prefixes waiting)
-        still waiting for a decode slot, is not lost: only its overall deadline and the liveness
-        of its workers bound it. `now`: the monotonic time of this pass (the current one when not
-        given). stalls=False: only deadlines end requests (the loop is behind with the workers'
-        messages, which may hold the progress of those that look stalled)."""
+        moved and sent to be prefilled again), or (while prefixes wait for its decode worker,
+        there or in a prefill worker's outbox) still waiting for a decode slot, is not lost: only
+        its overall deadline and the liveness of its workers bound it. `now`: the monotonic time
+        of this pass (the current one when not given). stalls=False: only deadlines end requests
+        (the loop is behind with the workers' messages, which may hold the progress of those that
+        look stalled)."""
         now = time.monotonic() if now is None else now
         stall = self.stall_timeout_s
         contended = {
             w.index for w in self.workers.of("decode")
             if isinstance(w.load, DecodeLoad) and w.load.pending > 0
-        }  # fmt: skip
+        } | outboxes_waiting(self.workers)  # fmt: skip
         cleared = {w.index: prefill_cleared(w) for w in self.workers.of("prefill")}
         unproven: set[int] = set()  # prefill workers owing proof for a request past its stall
         for handle in self.requests.handles():
@@ -87,7 +88,8 @@ class LivenessMonitor:
                 continue  # a move waits for a live worker: bounded by migration_timeout_s
             elif handle.completion_tokens == handle.prefill_from:  # its prefill's token not in
                 self._first_token_bound(handle, cleared.get(handle.stamp.prefill), now, unproven)
-            elif handle.completion_tokens <= 1 and handle.stamp.decode in contended:
+            elif (handle.completion_tokens <= handle.prefill_from + 1
+                  and handle.stamp.decode in contended):  # its prefix may be one that waits
                 continue
             elif now - handle.last_progress > stall:
                 self.end(handle, FinishReason.ERROR, f"no progress for {stall:.0f} s")
@@ -112,6 +114,16 @@ class LivenessMonitor:
                          f" prefill worker and its token did not come in {stall:.0f} s (lost)")
         elif now - handle.last_progress > stall:
             unproven.add(handle.stamp.prefill)
+
+
+def outboxes_waiting(workers: WorkerTable) -> set[int]:
+    """The decode workers for which a prefill worker that is alive (draining ones too) holds
+    prefixes their sockets did not take yet (PrefillLoad.outbox): such a prefix is on its way,
+    not lost; a dead prefill worker's went with it."""
+    return {
+        d for w in workers.of("prefill") if w.state == "ready" and isinstance(w.load, PrefillLoad)
+        for d, waiting in enumerate(w.load.outbox) if waiting
+    }  # fmt: skip
 
 
 def prefill_cleared(worker: WorkerState | None) -> int | None:
