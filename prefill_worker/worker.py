@@ -21,11 +21,17 @@ A request's path through this process:
     leaves first, because it is what the client is waiting for: the first tokens of a whole call
     go before any of its prefixes.
  5. Unless the request already finished, its prefix (the KV cache of the true prompt length as
-    extra frames, plus that token) goes to the stamped decode worker; when the queue to that
-    worker is full (it is dead or stuck: the queue holds about a GiB of the largest prefixes),
-    the prefix is dropped and the request failed, so the router ends it at once. Should the
-    detok worker end the stream on a stop string before the prefix arrives, its Finish leaves a
-    tombstone at the decode worker, which then drops the prefix.
+    extra frames, plus that token) goes to the stamped decode worker. When that worker's socket
+    takes no more now (its queue is counted in messages, sized for the largest prefix: a burst
+    of small ones fills it while the decode worker is busy in a step), the prefix waits in this
+    worker's outbox (prefill_worker/outbox.py) behind that decode worker's earlier ones, offered
+    again on every loop pass; nothing is failed for the server's own back-pressure. While a
+    decode worker's waiting prefixes are over their byte bound, the requests stamped for it stay
+    queued, unprefilled, and the others go ahead; an Abort removes a waiting prefix as it does a
+    queued request (the router moves or ends the requests of a decode worker that died). The
+    load report counts the prefixes waiting for each decode worker (router/liveness.py). Should
+    the detok worker end the stream on a stop string before the prefix arrives, its Finish
+    leaves a tombstone at the decode worker, which then drops the prefix.
 """
 
 from __future__ import annotations
@@ -37,12 +43,13 @@ from typing import Any
 
 from prefill_worker.batching import take_batch
 from prefill_worker.first_token import FirstToken
+from prefill_worker.outbox import Outbox, is_gone
 from prefill_worker.prefix_reuse import Hit, PrefixReuse
 from splitserve import protocol
 from splitserve.core_share import open_marks
 from splitserve.engine.interface import Prefix
 from splitserve.grammar import vocabulary
-from splitserve.message_limits import prefix_send_hwm
+from splitserve.message_limits import PREFIX_OUTBOX_BYTES, prefix_send_hwm
 from splitserve.protocol import (
     Abort,
     Fence,
@@ -72,13 +79,18 @@ class PrefillWorker(WorkerLoop):
             self.engine, vocabulary.for_model(config.model, self.engine.vocab_size)
         )
         self.reuse = PrefixReuse(self.engine, config.model)
-        # a short queue per decode worker, in bytes (message_limits.prefix_send_hwm): prefixes
-        # for a dead or stuck one must not pile up here until this process runs out of memory
-        hwm = prefix_send_hwm(config, self.engine.kv_bytes_per_token)
+        # a short queue per decode worker (message_limits.prefix_send_hwm), and an outbox
+        # bounded in bytes behind it: prefixes for a dead or stuck one must not pile up here
+        # until this process runs out of memory, nor be dropped while it is only busy
+        hwm = self.faults.bound("prefill_to_decode_hwm",
+                                prefix_send_hwm(config, self.engine.kv_bytes_per_token))
         self.decodes = [
             self.connect(endpoint, "prefill_to_decode", hwm=hwm)
             for endpoint in config.addresses.decode
         ]
+        self.outbox = Outbox(
+            self.decodes, self.faults.bound("prefill_to_decode_outbox_bytes", PREFIX_OUTBOX_BYTES)
+        )
         self.detok_senders("prefill_to_detok")
         # whether this worker runs prompts, for the host's decode workers (core_share.py)
         self.marks = open_marks(config)
@@ -89,7 +101,6 @@ class PrefillWorker(WorkerLoop):
         self.prefill_time = Histogram()
         self.prefills = 0
         self.batched_calls = 0  # engine calls of more than one prompt
-        self.kv_bytes_sent = 0
         self.last_seq = 0  # of the last GenerateRequest or Fence received (router/liveness.py)
         self.handlers.update(
             {GenerateRequest: self.on_generate, Abort: self.on_abort, Fence: self.on_fence}
@@ -101,17 +112,48 @@ class PrefillWorker(WorkerLoop):
         return WorkerInfo(max_seq_len=self.engine.max_seq_len, vocab_size=self.engine.vocab_size)
 
     def loop_once(self) -> None:
-        self.dispatch(self.receive(wait=not self.queue))
-        if self.queue:
-            batch = take_batch(self.queue, self.batch_tokens, self.reuse.first_block,
-                               self.reuse.would_hit)  # fmt: skip
+        ready = self.has_ready()
+        if ready or self.outbox.empty():
+            messages = self.receive(wait=not ready)
+        else:  # only prefixes wait: for a message, or for room in a decode worker's socket
+            self.outbox.wait(self.receiver, self.poll_timeout_ms())
+            messages = self.receive(wait=False)
+        self.dispatch(messages)
+        self.outbox.flush()
+        batch = self.next_batch()
+        if batch:
             self.running(True)
             if len(batch) == 1:
                 self.prefill(batch[0])
             else:
                 self.prefill_many(batch)
-        # marked from a call's start until a pass finds the queue empty (never while it waits)
-        self.running(bool(self.queue))
+        # marked from a call's start until a pass finds nothing to run (never while it waits,
+        # nor while what it holds waits for a decode worker: that one needs the cores)
+        self.running(self.has_ready())
+
+    def has_ready(self) -> bool:
+        """A queued request may run now: its decode worker's outbox share is under its bound."""
+        held = self.outbox.held()
+        if not held:
+            return bool(self.queue)
+        return any(r.decode_index not in held for r in self.queue)
+
+    def next_batch(self) -> list[GenerateRequest]:
+        """The requests of the next engine call (batching.py), taken from the queue; those for
+        a decode worker whose outbox share is at its bound stay queued, in order."""
+        held = self.outbox.held()
+        if not held:
+            return self.take(self.queue) if self.queue else []
+        ready = deque(r for r in self.queue if r.decode_index not in held)
+        if not ready:
+            return []
+        batch = self.take(ready)
+        taken = {id(r) for r in batch}
+        self.queue = deque(r for r in self.queue if id(r) not in taken)
+        return batch
+
+    def take(self, queue: deque[GenerateRequest]) -> list[GenerateRequest]:
+        return take_batch(queue, self.batch_tokens, self.reuse.first_block, self.reuse.would_hit)
 
     def running(self, busy: bool) -> None:
         if self.marks is not None:
@@ -132,9 +174,8 @@ class PrefillWorker(WorkerLoop):
 
     def on_abort(self, msg: Abort, _frames: list[Any]) -> None:
         gone = dict(zip(msg.request_ids, msg.epochs, strict=False))
-        self.queue = deque(
-            r for r in self.queue if r.request_id not in gone or r.epoch > gone[r.request_id]
-        )
+        self.queue = deque(r for r in self.queue if not is_gone(r, gone))
+        self.outbox.remove(gone)
 
     def end_router_requests(self, incarnation: int) -> int:
         """Drop the queued requests of older routers."""
@@ -265,11 +306,9 @@ class PrefillWorker(WorkerLoop):
             *(self.first.alternatives(prefix) or ([], [])),
             req.router_incarnation,
         )
-        if self.decodes[req.decode_index].send(header, prefix.kv):
-            self.kv_bytes_sent += sum(a.nbytes for a in prefix.kv)
-        else:  # its queue is full: the request would hang until its deadline; say so now
-            self.fail([req.request_id], [req.epoch],
-                      f"prefix dropped: decode worker {req.decode_index} slow or gone")  # fmt: skip
+        if not self.outbox.send(req.decode_index, req, protocol.encode(header, prefix.kv)):
+            log.info("%s: prefix waits for decode worker %d (its socket takes no more now)",
+                     req.request_id, req.decode_index)  # fmt: skip
 
     # ---- lifecycle ----
     def load(self) -> PrefillLoad:
@@ -277,13 +316,15 @@ class PrefillWorker(WorkerLoop):
             queue=len(self.queue),
             queued_tokens=sum(len(r.prompt) for r in self.queue),
             prefills=self.prefills,
-            kv_bytes_sent=self.kv_bytes_sent,
+            kv_bytes_sent=self.outbox.kv_bytes_sent,
             prefill_time=self.prefill_time.snapshot(),
             last_seq=self.last_seq,
             prefix_compiling=self.engine.continuations_pending,
             batched_calls=self.batched_calls,
+            outbox=self.outbox.counts(),
+            outbox_waited=self.outbox.waited,
             **self.reuse.figures(),
         )
 
     def idle(self) -> bool:
-        return not self.queue
+        return not self.queue and self.outbox.empty()

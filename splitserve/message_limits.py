@@ -57,20 +57,26 @@ def decode_message_bytes(config: ClusterConfig, kv_bytes_per_token: int) -> int:
     return prefix + HEADER_MARGIN_BYTES + control_message_bytes(config)
 
 
-# What a prefill worker queues, at most, for one decode worker that does not take its prefixes
-# (dead, or slower than the link). ZeroMQ counts a send queue in messages, and at the 100,000 of
-# the control senders a dead decode worker of the default model (94 MB for a prefix as long as
-# the context) would let the prefill worker queue terabytes. Past this a prefix is dropped, and
-# its request failed (prefill_worker/worker.py).
+# What a prefill worker holds, at most, for one decode worker that does not take its prefixes
+# (dead, stuck, or busy in a step while a burst comes): half in the socket's queue, half in the
+# worker's outbox (prefill_worker/outbox.py). ZeroMQ counts a send queue in messages, and at the
+# 100,000 of the control senders a dead decode worker of the default model (94 MB for a prefix as
+# long as the context) would let the prefill worker queue terabytes; so the socket queues as many
+# of the largest prefixes as its half holds, and what it does not take waits in the outbox,
+# counted in bytes. While a decode worker's outbox is over its half, its requests wait unprefilled
+# in the prefill queue: nothing is dropped for the server's own back-pressure.
 PREFIX_QUEUE_BYTES = 1 << 30
-MIN_PREFIX_HWM = 2  # a model whose largest prefix is over half the budget still queues two
+PREFIX_OUTBOX_BYTES = PREFIX_QUEUE_BYTES // 2
+MIN_PREFIX_HWM = 2  # a model whose largest prefix is over the socket's half still queues two
 
 
 def prefix_send_hwm(config: ClusterConfig, kv_bytes_per_token: int) -> int:
-    """The prefill worker's send queue to each decode worker, in messages: as many of the
-    largest prefixes (the whole context, and its header) as PREFIX_QUEUE_BYTES holds."""
+    """The prefill worker's socket queue to each decode worker, in messages: as many of the
+    largest prefixes (the whole context, and its header) as the socket's half of
+    PREFIX_QUEUE_BYTES holds."""
     largest = kv_bytes_per_token * config.model.max_seq_len + HEADER_MARGIN_BYTES
-    return min(SEND_HWM, max(MIN_PREFIX_HWM, PREFIX_QUEUE_BYTES // largest))
+    socket_bytes = PREFIX_QUEUE_BYTES - PREFIX_OUTBOX_BYTES
+    return min(SEND_HWM, max(MIN_PREFIX_HWM, socket_bytes // largest))
 
 
 def max_message_bytes(role: str, config: ClusterConfig, kv_bytes_per_token: int = 0) -> int:
