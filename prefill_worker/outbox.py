@@ -10,7 +10,8 @@ What waits is bounded in bytes (header and KV frames) per decode worker: once a 
 share reaches the bound, held() names it and the prefill worker runs none of its requests (they
 stay queued) until the share drains below it, so a dead or stuck decode worker costs at most the
 bound and one engine call's prefixes. An Abort removes a request's waiting prefix (remove): the
-router ends or moves the requests of a decode worker that died, and their prefixes go with them.
+router ends or moves the requests of a decode worker that died, and their prefixes go with them;
+so does a restarted router, for its predecessor's requests (remove_router).
 """
 
 from __future__ import annotations
@@ -85,13 +86,23 @@ class Outbox:
     def remove(self, gone: dict[str, int]) -> int:
         """Drop the waiting prefixes of requests that are gone (an Abort: request id -> the
         epoch it ends, and every earlier one); how many."""
-        removed = 0
-        for index, queue in enumerate(self.waiting):
-            keep = deque(w for w in queue if not is_gone(w.request, gone))
-            removed += len(queue) - len(keep)
-            self.waiting[index] = keep
-            self.bytes[index] = sum(w.nbytes for w in keep)
-        return removed
+        return self._drop([w for q in self.waiting for w in q if is_gone(w.request, gone)])
+
+    def remove_router(self, incarnation: int) -> int:
+        """Drop the waiting prefixes of the requests of routers older than `incarnation` (a
+        restarted router's predecessor: their clients are gone); how many."""
+        return self._drop([
+            w for q in self.waiting for w in q if w.request.router_incarnation < incarnation
+        ])  # fmt: skip
+
+    def _drop(self, dropped: list[Waiting]) -> int:
+        if dropped:
+            ids = {id(w) for w in dropped}
+            for index, queue in enumerate(self.waiting):
+                keep = deque(w for w in queue if id(w) not in ids)
+                self.waiting[index] = keep
+                self.bytes[index] = sum(w.nbytes for w in keep)
+        return len(dropped)
 
     def counts(self) -> list[int]:
         """The prefixes waiting for each decode worker, by index."""

@@ -178,10 +178,10 @@ class PrefillWorker(WorkerLoop):
         self.outbox.remove(gone)
 
     def end_router_requests(self, incarnation: int) -> int:
-        """Drop the queued requests of older routers."""
+        """Drop the queued requests, and the waiting prefixes, of older routers."""
         kept = deque(r for r in self.queue if r.router_incarnation >= incarnation)
         ended, self.queue = len(self.queue) - len(kept), kept
-        return ended
+        return ended + self.outbox.remove_router(incarnation)
 
     def on_fence(self, msg: Fence, _frames: list[Any]) -> None:
         self.last_seq = msg.seq

@@ -82,10 +82,10 @@ def test_a_sender_offers_without_counting_a_drop(tmp_path):
         ctx.destroy(linger=0)
 
 
-def request(rid: str, decode: int = 0, epoch: int = 0) -> GenerateRequest:
+def request(rid: str, decode: int = 0, epoch: int = 0, router: int = 0) -> GenerateRequest:
     return GenerateRequest(
         rid, epoch, decode, 1, [5, 6, 7], 0, SamplingParams(), StopCriteria(max_tokens=8),
-        DetokParams(),
+        DetokParams(), router_incarnation=router,
     )  # fmt: skip
 
 
@@ -204,6 +204,33 @@ def test_an_abort_removes_a_waiting_prefix(tokenizer_512):
             w.worker.loop_once()
             w.read()
         assert w.got[0] == ["r0", "r2"]
+    finally:
+        w.close()
+
+
+def test_a_restarted_router_removes_its_predecessors_waiting_prefixes(tokenizer_512):
+    """Router 5's r1 waits in the outbox (r0 went to the socket) and its r3 is queued; router
+    7's RouterHello drops both, and a later request of router 5 is dropped as it comes: the
+    decode worker gets r0, then router 7's r2 and r5."""
+    w = Worker(make_config(tokenizer_512, "processes"), "prefill_to_decode_hwm=1")
+    try:
+        w.worker.on_router_hello(protocol.RouterHello(5), [])
+        w.worker.prefill(request("r0", router=5))
+        w.worker.prefill(request("r1", router=5))
+        w.worker.prefill(request("r2", router=7))
+        w.worker.on_generate(request("r3", router=5), [])
+        assert w.worker.outbox.counts() == [2] and len(w.worker.queue) == 1
+        w.worker.on_router_hello(protocol.RouterHello(7), [])
+        assert w.worker.outbox.counts() == [1] and not w.worker.queue
+        w.worker.on_generate(request("r4", router=5), [])
+        w.worker.on_generate(request("r5", router=7), [])
+        assert [r.request_id for r in w.worker.queue] == ["r5"]
+        w.bind(0)
+        w.until(lambda: len(w.got[0]) == 3, "r0, r2 and r5")
+        for _ in range(5):
+            w.worker.loop_once()
+            w.read()
+        assert w.got[0] == ["r0", "r2", "r5"]
     finally:
         w.close()
 
