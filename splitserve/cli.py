@@ -150,10 +150,8 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from splitserve.launch.health import StackNotReady, health_url, wait_ready
-    from splitserve.launch.processes import ProcessStack
-    from splitserve.launch.ready_lines import ReadyLines
-    from splitserve.launch.supervise import RestartWithBackoff, StopSignals, supervise
+    from splitserve.launch.run_dir_watch import RunDirLost
+    from splitserve.launch.supervise import StopSignals
 
     made: list[str] = []  # the run directory made here, if the file names none: removed at the end
 
@@ -161,22 +159,50 @@ def serve(args: argparse.Namespace) -> int:
         made.append(run_dirs.create())
         return made[-1]
 
-    try:  # before any process starts: a model this host cannot load is refused here
-        config = config_from_args(args, make_run_dir)
-        check_model(config.model)
-    except (OSError, ValueError) as exc:
-        print(f"splitserve: cannot start: {exc}", file=sys.stderr, flush=True)
-        for path in made:
-            run_dirs.remove(path)
-        return 2
-    try:  # one stack to a run dir: a second launcher stops here, having changed nothing
-        lock = run_dirs.hold_for_launcher(config.run_dir)
-    except (OSError, ValueError) as exc:
-        print(f"splitserve: cannot start: {exc}", file=sys.stderr, flush=True)
-        return 1
-    stop = StopSignals().install()
+    stop: StopSignals | None = None
+    while True:
+        try:  # before any process starts: a model this host cannot load is refused here
+            config = config_from_args(args, make_run_dir)
+            check_model(config.model)
+        except (OSError, ValueError) as exc:
+            print(f"splitserve: cannot start: {exc}", file=sys.stderr, flush=True)
+            for path in made:
+                run_dirs.remove(path)
+            return 2
+        try:  # one stack to a run dir: a second launcher stops here, having changed nothing
+            lock = run_dirs.hold_for_launcher(config.run_dir)
+        except (OSError, ValueError) as exc:
+            print(f"splitserve: cannot start: {exc}", file=sys.stderr, flush=True)
+            for path in made:
+                run_dirs.remove(path)
+            return 1
+        stop = stop or StopSignals().install()
+        try:
+            outcome = run_stack(config, args, stop, lock)
+        finally:
+            for path in made:
+                run_dirs.remove(path)
+            made.clear()
+            os.close(lock)
+        if not isinstance(outcome, RunDirLost):
+            return outcome
+        # its sockets went with it: the stack starts again whole (launch/run_dir_watch.py)
+        print(f"splitserve: {outcome.reason}: starting the stack again", flush=True)
+
+
+def run_stack(config, args: argparse.Namespace, stop, lock: int):
+    """Start the stack, wait until it is ready, and supervise it: an exit status, or the
+    RunDirLost that ended supervision (the stack is stopped either way). lock: the launcher's
+    lock in the run directory (run_dirs.hold_for_launcher)."""
+    from splitserve.launch.health import StackNotReady, health_url, wait_ready
+    from splitserve.launch.processes import ProcessStack
+    from splitserve.launch.ready_lines import ReadyLines
+    from splitserve.launch.run_dir_watch import RunDirLost, RunDirWatch
+    from splitserve.launch.supervise import RestartWithBackoff, supervise
+
     # in threads mode one process runs every role
     stack = ProcessStack(config, env=child_env(args))
+    watch = RunDirWatch(config.run_dir, lock, stack.written)
     stack.start()
     host, port = config.router.host, config.router.port
     print(f"splitserve: starting {config.mode} stack, model {config.model.path!r} (a first start "
@@ -201,14 +227,12 @@ def serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         # a worker that dies is restarted (its requests move meanwhile: router/migration.py)
-        supervise(stack, RestartWithBackoff(), stop.event, tick=_pool_follower(config, stack))
-        return 0
+        outcome = supervise(stack, RestartWithBackoff(), stop.event,
+                            tick=_pool_follower(config, stack), watch=watch)  # fmt: skip
+        return outcome if isinstance(outcome, RunDirLost) else 0
     finally:
         print("splitserve: stopping ...", flush=True)
         stack.stop(timeout_s=config.lifecycle.drain_timeout_s + 10)
-        for path in made:
-            run_dirs.remove(path)
-        os.close(lock)
         print("splitserve: stopped", flush=True)
 
 

@@ -12,6 +12,8 @@ serve` (cli.py), `deploy/launch.sh` (hostlaunch.py), the benchmark suite and the
 - probe.py: a role's health as the router sees it, for Kubernetes probes.
 - supervise.py: the supervision loop: on a role's exit stop everything, or restart it with a
   back-off; a signal ends the loop so the stack drains.
+- run_dir_watch.py: each supervision pass, whether the run directory is still there; a stack
+  whose run directory was deleted is started again whole.
 - ports.py: a free loopback port for a local stack's router.
 - pipeline.py: worker roles plus a RouterCore on the caller's event loop (measurements, tests).
 """

@@ -9,7 +9,10 @@ Two policies:
   the first time, then no sooner than a back-off after its previous start that doubles with
   each quick crash (up to max_backoff_s) and resets once it ran stable_s, so a role that
   crashes at start-up does not spin; each restart is counted and logged.
-Each round the loop may also call `tick` (e.g. to follow the detok pool's size).
+Each round the loop may also call `tick` (e.g. to follow the detok pool's size), and first asks
+its `watch` (run_dir_watch.py) whether the run directory is still there: when it is not, the loop
+returns what the watch found before it restarts anything (a restart there would fail, or meet
+no sockets), and the launcher starts the stack again or exits.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from splitserve.launch.run_dir_watch import RunDirWatch
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +107,17 @@ def supervise(
     clock: Callable[[], float] = time.monotonic,
     interval_s: float = POLL_INTERVAL_S,
     tick: Callable[[], None] | None = None,
+    watch: RunDirWatch | None = None,
 ) -> Any | None:
-    """Watch `stack` until `stop` is set (None) or the policy stops at a child's exit (that
-    child). Restarts are done here, each with a log line that counts them."""
+    """Watch `stack` until `stop` is set (None), the policy stops at a child's exit (that
+    child), or `watch` finds the run directory lost (its RunDirLost). Restarts are done here,
+    each with a log line that counts them."""
     seen_dead: dict[tuple[str, int], float] = {}  # when each dead child was first seen dead
     while not stop.is_set():
+        lost = watch.lost() if watch is not None else None
+        if lost is not None:
+            log.error("%s: the stack cannot go on there", lost.reason)
+            return lost
         for child in stack.dead():
             key = (child.role, child.index)
             now = clock()
