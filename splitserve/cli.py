@@ -198,6 +198,7 @@ def run_stack(config, args: argparse.Namespace, stop, lock: int):
     from splitserve.launch.processes import ProcessStack
     from splitserve.launch.ready_lines import ReadyLines
     from splitserve.launch.run_dir_watch import RunDirLost, RunDirWatch
+    from splitserve.launch.stuck import StuckWatch
     from splitserve.launch.supervise import RestartWithBackoff, supervise
 
     # in threads mode one process runs every role
@@ -228,7 +229,8 @@ def run_stack(config, args: argparse.Namespace, stop, lock: int):
         )
         # a worker that dies is restarted (its requests move meanwhile: router/migration.py)
         outcome = supervise(stack, RestartWithBackoff(), stop.event,
-                            tick=_pool_follower(config, stack), watch=watch)  # fmt: skip
+                            tick=_pool_follower(config, stack), watch=watch,
+                            stuck=StuckWatch(config.run_dir, config.lifecycle))  # fmt: skip
         return outcome if isinstance(outcome, RunDirLost) else 0
     finally:
         print("splitserve: stopping ...", flush=True)

@@ -51,6 +51,14 @@ A cluster file (all sections optional):
                                 # is then encrypted and each peer authenticated; tcp on an address
                                 # other than loopback is refused without them
 
+    [lifecycle]
+    heartbeat_interval_s = 0.25
+    liveness_timeout_s = 1.5    # the router: no heartbeat for this long, the worker is dead
+    drain_timeout_s = 10.0      # SIGTERM: running requests may finish up to this long
+    stuck_timeout_s = 30.0      # the launcher: a worker whose heartbeat thread has not run this
+                                # long (stopped) is killed and restarted (splitserve/progress.py)
+    loop_stuck_timeout_s = 600.0  # ... or whose loop has not completed a pass this long (0: never)
+
 The worker counts come from the address lists when [addresses] is given. The API key is never
 written in a cluster file handed to children: `api_key_file` (0600) or SPLITSERVE_API_KEY.
 """
@@ -75,6 +83,7 @@ from splitserve.config_checks import (
     check_prefix_cache,
     check_private,
     check_slots,
+    check_stuck_bounds,
     check_transport_security,
     check_weight_format,
     parse_role_cpus,
@@ -245,6 +254,14 @@ class LifecycleConfig:
     liveness_timeout_s: float = 1.5  # no heartbeat for this long: the worker is dead
     drain_timeout_s: float = 10.0  # SIGTERM: running requests may finish up to this long
     state_ttl_s: float = 30.0  # tombstones and orphan tokens are forgotten after this
+    # A worker that stops making progress is killed (SIGKILL) by its launcher and restarted, its
+    # requests moving as a dead worker's do (splitserve/progress.py: each worker process's
+    # record in the run directory). Stopped: its heartbeat thread, which runs on through a long
+    # prefill or compile, has not run for stuck_timeout_s. Stuck: its loop has not completed a
+    # pass for loop_stuck_timeout_s (one engine call may take minutes on a small machine, so
+    # this bound is long). 0: not judged.
+    stuck_timeout_s: float = 30.0
+    loop_stuck_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -444,10 +461,12 @@ def config_from_dict(
     check_engine_batching(model)
     check_engine_threads(model)
     check_weight_format(model)
+    lifecycle = _build(LifecycleConfig, raw.get("lifecycle", {}), "lifecycle")
+    check_stuck_bounds(lifecycle)
     return ClusterConfig(
         model=model,
         router=router,
-        lifecycle=_build(LifecycleConfig, raw.get("lifecycle", {}), "lifecycle"),
+        lifecycle=lifecycle,
         security=security,
         addresses=addresses,
         mode=mode,

@@ -214,3 +214,16 @@ def check_prefix_cache(model: Any) -> None:
         or buckets[-1] != model.max_seq_len
     ):
         raise ValueError("[model] prefill_buckets must ascend from >= 1 and end at max_seq_len")
+
+
+def check_stuck_bounds(lifecycle: Any) -> None:
+    """[lifecycle] stuck_timeout_s and loop_stuck_timeout_s: 0 (not judged), or a bound longer
+    than a heartbeat interval (a worker beats once per interval when all is well)."""
+    for name in ("stuck_timeout_s", "loop_stuck_timeout_s"):
+        value = getattr(lifecycle, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+            value != 0 and value <= lifecycle.heartbeat_interval_s
+        ):
+            interval = lifecycle.heartbeat_interval_s
+            raise ValueError(f"[lifecycle] {name} must be 0 (never) or more than "
+                             f"heartbeat_interval_s ({interval} s)")  # fmt: skip

@@ -9,7 +9,8 @@ the detok pool on "decode-host") and, optionally, the CPUs each role is pinned t
     cpus = { decode = [0], detok = [1] }
 
 It waits until the router reports every local worker ready (GET /health on the router's host),
-prints a ready line, restarts a local role that exits (with a back-off), and on SIGTERM / SIGINT
+prints a ready line, restarts a local role that exits (with a back-off) or, with a run_dir, a
+worker that stopped making progress (launch/stuck.py), and on SIGTERM / SIGINT
 stops its roles: the router first, which lets running requests finish up to the drain timeout.
 """
 
@@ -23,6 +24,7 @@ from splitserve.config import load_config
 from splitserve.hosts import host_plan, host_plans
 from splitserve.launch.health import StackNotReady, health_url, wait_ready, workers_ready
 from splitserve.launch.processes import ProcessStack
+from splitserve.launch.stuck import StuckWatch
 from splitserve.launch.supervise import RestartWithBackoff, StopSignals, supervise
 
 log = logging.getLogger("hostlaunch")
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         names = ", ".join(f"{r}[{i}]" for r, i in plan.instances)
         print(f"launch: host {args.host} ready: {names}", flush=True)
-        supervise(stack, RestartWithBackoff(backoff_s=RESTART_BACKOFF_S), stop.event)
+        supervise(stack, RestartWithBackoff(backoff_s=RESTART_BACKOFF_S), stop.event,
+                  stuck=StuckWatch(config.run_dir, config.lifecycle))  # fmt: skip
         return 0
     finally:
         log.info("stopping %s", ", ".join(plan.roles))

@@ -32,6 +32,7 @@ from splitserve.engine.interface import Engine
 from splitserve.faults import AnySender, FaultInjector
 from splitserve.message_limits import max_message_bytes
 from splitserve.procutil import freeze_startup_objects
+from splitserve.progress import ProgressRecord, progress_path
 from splitserve.protocol import (
     INCARNATION_CHARS,
     PROTOCOL_VERSION,
@@ -75,6 +76,7 @@ def pool_problem(endpoints: list[str]) -> str | None:
 class WorkerLoop:
     role = "worker"
     engine: Engine | None = None  # the prefill and decode roles' (setup: make_engine)
+    _progress: ProgressRecord | None = None  # written by the heartbeat thread (open_progress)
 
     def __init__(
         self,
@@ -227,6 +229,7 @@ class WorkerLoop:
     def run(self) -> None:
         """Warm up and report Ready, then loop until stopped and drained."""
         self.announce_ready()
+        self._progress = self.open_progress()
         heartbeats_done = threading.Event()
         heart = threading.Thread(
             target=self._heartbeat_loop, args=(heartbeats_done,), name=f"{self.role}-heartbeat",
@@ -350,8 +353,20 @@ class WorkerLoop:
                     **{self.role: load}, incarnation=self.incarnation,
                 )  # fmt: skip
                 sender.send(beat)
+                if self._progress is not None:  # what the launcher judges this process by
+                    self._progress.write(time.monotonic(), taken)
         finally:
             sender.close()
+            if self._progress is not None:
+                self._progress.close()
+
+    def open_progress(self) -> ProgressRecord | None:
+        """This process's progress record in the run directory (splitserve/progress.py), which
+        its launcher reads to replace it once it stops; None for a worker thread (threads mode:
+        the process is not this worker's alone) or without a run directory."""
+        if not self.config.run_dir or threading.current_thread() is not threading.main_thread():
+            return None
+        return ProgressRecord(progress_path(self.config.run_dir, self.role, self.index))
 
     def poll_timeout_ms(self) -> int:
         """Block at most until the next snapshot is due."""

@@ -255,3 +255,16 @@ def test_prefill_threads_auto_is_half_the_cpus_and_a_count_is_kept():
 def test_thread_counts_are_checked_at_load(model):
     with pytest.raises(ValueError, match="cpu_threads"):
         config_from_dict({"model": model, "cluster": {"run_dir": "/x"}})
+
+
+@pytest.mark.parametrize("key", ["stuck_timeout_s", "loop_stuck_timeout_s"])
+def test_stuck_bounds_are_zero_or_longer_than_a_heartbeat(key, tmp_path):
+    def load(value):
+        lifecycle = {"heartbeat_interval_s": 0.25, key: value}
+        return config_from_dict({"cluster": {"run_dir": str(tmp_path)}, "lifecycle": lifecycle})
+
+    assert getattr(load(0).lifecycle, key) == 0
+    assert getattr(load(5).lifecycle, key) == 5
+    for bad in (0.25, -1, "30", True):
+        with pytest.raises(ValueError, match=rf"\[lifecycle\] {key} must be 0 \(never\) or more"):
+            load(bad)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -17,7 +18,7 @@ import yaml
 
 from splitserve.config import config_from_dict
 from splitserve.launch import probe
-from tests.http_stack import http_stack
+from tests.http_stack import http_stack, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S = os.path.join(ROOT, "deploy", "k8s")
@@ -110,3 +111,26 @@ def test_probe_reads_each_role_from_the_router(tokenizer_512):
     assert probe.healthy("decode", 0, url, live=False)[0] is False
     assert probe.healthy("decode", 0, url, live=True)[0] is True
     assert probe.healthy("router", 0, url, live=True)[0] is False
+
+
+@pytest.mark.timeout(120)
+def test_the_liveness_probe_judges_a_worker_by_its_own_progress_record(tokenizer_512):
+    """With --config, a worker's progress record in its run_dir decides its liveness, by the
+    bounds its launcher judges it by (splitserve/progress.py): a stopped worker is not alive."""
+    with http_stack(tokenizer_512, lifecycle={"stuck_timeout_s": 1.0}) as stack:
+        url, config = f"{stack.url}/health", stack.config
+        argv = ["decode", "0", "--url", url, "--live", "--config", stack.stack.config_path]
+        wait_until(lambda: probe.healthy("decode", 0, url, True, config)
+                   == (True, "decode[0] making progress"), 60, "the record")  # fmt: skip
+        assert probe.main(argv) == 0
+        decode = stack.stack.children[("decode", 0)].popen
+        decode.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: not probe.healthy("decode", 0, url, True, config)[0], 60,
+                       "the probe to find it stopped")  # fmt: skip
+            assert "its heartbeat thread has not run" in probe.healthy(
+                "decode", 0, url, True, config)[1]
+            assert probe.main(argv) == 1
+        finally:
+            decode.send_signal(signal.SIGCONT)
+        wait_until(lambda: probe.healthy("decode", 0, url, True, config)[0], 60, "alive again")

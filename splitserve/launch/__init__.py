@@ -14,6 +14,8 @@ serve` (cli.py), `deploy/launch.sh` (hostlaunch.py), the benchmark suite and the
   back-off; a signal ends the loop so the stack drains.
 - run_dir_watch.py: each supervision pass, whether the run directory is still there; a stack
   whose run directory was deleted is started again whole.
+- stuck.py: which workers stopped making progress (their records: splitserve/progress.py);
+  supervise.py kills them, and restarts them as any exit.
 - ports.py: a free loopback port for a local stack's router.
 - pipeline.py: worker roles plus a RouterCore on the caller's event loop (measurements, tests).
 """

@@ -12,13 +12,16 @@ Two policies:
 Each round the loop may also call `tick` (e.g. to follow the detok pool's size), and first asks
 its `watch` (run_dir_watch.py) whether the run directory is still there: when it is not, the loop
 returns what the watch found before it restarts anything (a restart there would fail, or meet
-no sockets), and the launcher starts the stack again or exits.
+no sockets), and the launcher starts the stack again or exits. A worker that its `stuck` watch
+(stuck.py) finds stopped is killed (SIGKILL), and the policy then restarts it as any exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -27,15 +30,19 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from splitserve.launch.run_dir_watch import RunDirWatch
+from splitserve.launch.stuck import StuckWatch
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.2
+KILL_WAIT_S = 5.0  # a killed stuck worker is reaped within this, or on a later round
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Supervised(Protocol):
-    def dead(self) -> list[Any]: ...  # children that exited: .role, .index, .name, .popen
+    children: dict[tuple[str, int], Any]  # (role, index) -> child: .role, .index, .name, .popen
+
+    def dead(self) -> list[Any]: ...  # children that exited
     def spawn(self, role: str, index: int) -> Any: ...
 
 
@@ -108,6 +115,7 @@ def supervise(
     interval_s: float = POLL_INTERVAL_S,
     tick: Callable[[], None] | None = None,
     watch: RunDirWatch | None = None,
+    stuck: StuckWatch | None = None,
 ) -> Any | None:
     """Watch `stack` until `stop` is set (None), the policy stops at a child's exit (that
     child), or `watch` finds the run directory lost (its RunDirLost). Restarts are done here,
@@ -118,6 +126,12 @@ def supervise(
         if lost is not None:
             log.error("%s: the stack cannot go on there", lost.reason)
             return lost
+        for child, why in stuck.stuck(list(stack.children.values())) if stuck else []:
+            log.error("%s (pid %d) makes no progress: %s: killing it to restart it",
+                      child.name, child.popen.pid, why)  # fmt: skip
+            child.popen.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # else: reaped next round
+                child.popen.wait(timeout=KILL_WAIT_S)
         for child in stack.dead():
             key = (child.role, child.index)
             now = clock()
