@@ -40,8 +40,15 @@ from router.core import RouterCore
 from router.http import build_app
 from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
 from splitserve.config import ClusterConfig, load_config
+from splitserve.config_checks import check_admin_key
 from splitserve.model_source import check_model
-from splitserve.procutil import API_KEY_ENV, die_with_parent, freeze_startup_objects, pin_cpus
+from splitserve.procutil import (
+    ADMIN_KEY_ENV,
+    API_KEY_ENV,
+    die_with_parent,
+    freeze_startup_objects,
+    pin_cpus,
+)
 from splitserve.role_main import add_log_args, configure_logging, hold_place
 from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
@@ -159,11 +166,15 @@ async def serve(
 
 def with_api_key_from_env(config: ClusterConfig, environ: dict[str, str]) -> ClusterConfig:
     """The API key comes from the cluster file's api_key_file or from SPLITSERVE_API_KEY (which
-    wins), never from a command line: /proc/PID/cmdline is readable by every local user."""
-    key = environ.get(API_KEY_ENV, "")
-    if not key:
+    wins), never from a command line: /proc/PID/cmdline is readable by every local user. The
+    admin key likewise: admin_key_file or SPLITSERVE_ADMIN_KEY."""
+    keys = {field: environ.get(name, "") for field, name in (("api_key", API_KEY_ENV),
+                                                             ("admin_key", ADMIN_KEY_ENV))}
+    keys = {field: key for field, key in keys.items() if key}
+    if not keys:
         return config
-    return dataclasses.replace(config, router=dataclasses.replace(config.router, api_key=key))
+    router = check_admin_key(dataclasses.replace(config.router, **keys))
+    return dataclasses.replace(config, router=router)
 
 
 def main(argv: list[str] | None = None, serve_fn=serve) -> int:

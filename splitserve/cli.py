@@ -21,7 +21,7 @@ from splitserve.config import check_private, load_config
 from splitserve.deploy.commands import add_deploy_parser
 from splitserve.keys_command import add_keys_parser
 from splitserve.model_source import check_model
-from splitserve.procutil import API_KEY_ENV
+from splitserve.procutil import ADMIN_KEY_ENV, API_KEY_ENV
 from splitserve.role_main import add_log_args
 from splitserve.secret_files import read_secret_file
 
@@ -51,6 +51,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     add_api_key_args(p)
+    p.add_argument("--admin-key-file", help="a file (0600) holding the admin endpoints' own key "
+                   f"(never the API key); or set {ADMIN_KEY_ENV}. Without one they are "
+                   "refused")  # fmt: skip
     # a cold start of the default model took over 900 s on the 2-core machine under load; the
     # start says what it is doing meanwhile, so a long wait is no silent hang
     p.add_argument("--ready-timeout", type=float, default=3600.0,
@@ -111,6 +114,14 @@ def api_key_from(args: argparse.Namespace, environ: dict[str, str]) -> str | Non
     return environ.get(API_KEY_ENV) or None
 
 
+def admin_key_from(args: argparse.Namespace, environ: dict[str, str]) -> str | None:
+    """The admin key, from --admin-key-file or the environment."""
+    if getattr(args, "admin_key_file", None):
+        check_private(args.admin_key_file, "--admin-key-file")
+        return read_secret_file(args.admin_key_file)
+    return environ.get(ADMIN_KEY_ENV) or None
+
+
 def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
     """fresh_run_dir: makes the run directory when the file names none (serve's own)."""
     return load_config(
@@ -136,6 +147,7 @@ def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
                 "host": args.host,
                 "port": args.port,
                 "api_key": api_key_from(args, os.environ),
+                "admin_key": admin_key_from(args, os.environ),
                 "served_model_name": args.served_model_name,
                 "open_metrics": args.open_metrics,
             },
@@ -239,15 +251,15 @@ def run_stack(config, args: argparse.Namespace, stop, lock: int):
 
 
 def _pool_follower(config, stack):
-    """The launcher's side of the elastic detok pool (processes mode, with an API key: the
-    admin endpoint needs one); None otherwise."""
-    if config.mode != "processes" or not config.router.api_key:
+    """The launcher's side of the elastic detok pool (processes mode, with an admin key: the
+    admin endpoints are refused without one); None otherwise."""
+    if config.mode != "processes" or not config.router.admin_key:
         return None
     from splitserve.launch.detok_pool import DetokPoolFollower
     from splitserve.launch.health import health_url
 
     admin_url = health_url(config).rsplit("/", 1)[0] + "/admin/detok-workers"
-    return DetokPoolFollower(stack, admin_url, config.router.api_key)
+    return DetokPoolFollower(stack, admin_url, config.router.admin_key)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,8 @@ A cluster file (all sections optional):
     host = "127.0.0.1"
     port = 8000
     max_running = 64
+    admin_key_file = ""         # the admin endpoints' own key (0600; or SPLITSERVE_ADMIN_KEY)
+    detok_worker_mib = 0        # MiB a new detok worker is counted at (0: measured)
     header_timeout_s = 10.0     # client connections: see RouterConfig
     max_connections = 4096
 
@@ -78,6 +80,7 @@ from splitserve.config_checks import (
     WORKER_ROLES,
     check_addresses,
     check_connection_limits,
+    check_detok_worker_mib,
     check_engine_batching,
     check_engine_threads,
     check_prefix_cache,
@@ -220,6 +223,15 @@ class RouterConfig:
     api_key_file: str = ""  # a file holding the key, readable by its owner only (0600)
     # /metrics without the API key (as vLLM serves it), for scrapers; /health is always open
     open_metrics: bool = False
+    # The operator's admin endpoints (router/http/admin.py) take a key of their own, never the
+    # clients' API key (which is refused there): from admin_key_file (0600) or
+    # SPLITSERVE_ADMIN_KEY, never written in a child's file. Without one they are refused.
+    admin_key: str = ""
+    admin_key_file: str = ""
+    # What each detok worker the admin endpoint adds is counted at (MiB) against the memory
+    # this host has available; a pool the host cannot hold is refused (router/detok_memory.py).
+    # 0: the largest resident set of the running detok workers of this host, else an estimate.
+    detok_worker_mib: float = 0
     # the names the model answers to, the first in responses and metrics (as vLLM's
     # --served-model-name); empty: a short name from the model path (splitserve/model_names.py)
     served_model_name: tuple[str, ...] = ()
@@ -390,7 +402,8 @@ def load_config(
 def _relative_to(raw: dict[str, Any], base: str) -> None:
     """Paths of a cluster file that are relative are relative to the file: its keys and key
     file travel with it, whatever the directory a process starts in."""
-    for section, key in (("security", "keys_dir"), ("router", "api_key_file")):
+    for section, key in (("security", "keys_dir"), ("router", "api_key_file"),
+                         ("router", "admin_key_file")):
         table = raw.get(section)
         if isinstance(table, dict) and isinstance(table.get(key), str) and table[key]:
             table[key] = os.path.join(base, table[key])
@@ -454,6 +467,7 @@ def config_from_dict(
     if router.max_running < 1 or router.max_queued < 0:
         raise ValueError("[router] needs max_running >= 1 and max_queued >= 0")
     check_connection_limits(router)
+    check_detok_worker_mib(router)
     if model.engine not in ("jax", "fake"):
         raise ValueError(f"model.engine must be 'jax' or 'fake', not {model.engine!r}")
     check_prefix_cache(model)
@@ -499,6 +513,7 @@ def config_to_dict(config: ClusterConfig) -> dict[str, Any]:
     assert config.addresses is not None
     router = dataclasses.asdict(config.router)
     del router["api_key"]  # never in a file: children read it from api_key_file
+    del router["admin_key"]  # nor this one: admin_key_file
     return {
         "model": dataclasses.asdict(config.model),
         "router": router,

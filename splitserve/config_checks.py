@@ -25,14 +25,30 @@ def check_private(path: str, what: str) -> None:
 
 
 def router_with_key(router: Any) -> Any:
-    """[router] with its API key read from api_key_file when one is named (and checked private)."""
-    if router.api_key_file:
-        check_private(router.api_key_file, "api_key_file")
-        key = read_secret_file(router.api_key_file)
-        if not key:
-            raise ValueError(f"[router] api_key_file {router.api_key_file} is empty")
-        router = dataclasses.replace(router, api_key=key)
+    """[router] with its API key and admin key read from api_key_file and admin_key_file when
+    they are named (and checked private); the two keys must differ."""
+    for field in ("api_key", "admin_key"):
+        path = getattr(router, f"{field}_file")
+        if path:
+            check_private(path, f"{field}_file")
+            key = read_secret_file(path)
+            if not key:
+                raise ValueError(f"[router] {field}_file {path} is empty")
+            router = dataclasses.replace(router, **{field: key})
+    return check_admin_key(router)
+
+
+def check_admin_key(router: Any) -> Any:
+    """The admin key is the operator's: a client holding the API key must not hold it too."""
+    if router.admin_key and router.admin_key == router.api_key:
+        raise ValueError("the admin key must differ from the API key (clients hold that one)")
     return router
+
+
+def check_detok_worker_mib(router: Any) -> None:
+    mib = router.detok_worker_mib
+    if isinstance(mib, bool) or not isinstance(mib, int | float) or mib < 0:
+        raise ValueError("[router] detok_worker_mib must be a size in MiB >= 0 (0: measured)")
 
 
 def check_transport_security(addresses: Any, security: Any, mode: str) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 ENV_VARS: dict[str, str] = {
     "SPLITSERVE_API_KEY": "the API key (or --api-key-file): requests need 'Authorization: Bearer "
     "<key>'",
+    "SPLITSERVE_ADMIN_KEY": "the admin endpoints' own key (or [router] admin_key_file; never "
+    "the API key): without one they are refused",
     "SPLITSERVE_LOG_LEVEL": "default of --log-level in every process (debug, info, warning, ...)",
     "SPLITSERVE_LOG_FORMAT": "default of --log-format in every process: text or json",
     "SPLITSERVE_FAULTS": "tests only: faults for the workers' sends (splitserve/faults.py)",

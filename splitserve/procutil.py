@@ -16,6 +16,7 @@ PARENT_ENV = "SPLITSERVE_PARENT_PID"
 CPUS_ENV = "SPLITSERVE_CPUS"
 IO_CPUS_ENV = "SPLITSERVE_IO_CPUS"
 API_KEY_ENV = "SPLITSERVE_API_KEY"  # the router's API key (never a flag: see router/__main__.py)
+ADMIN_KEY_ENV = "SPLITSERVE_ADMIN_KEY"  # the admin endpoints' own key (router/http/admin.py)
 
 
 def die_with_parent(environ: dict[str, str]) -> None:

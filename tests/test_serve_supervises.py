@@ -20,7 +20,9 @@ from tests.sse_client import stream_completion
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-API_KEY = "test-admin-key"
+API_KEY = "test-client-key"
+ADMIN_KEY = "test-admin-key"  # the admin endpoints' own (router/http/admin.py)
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 class Serve:
@@ -42,7 +44,7 @@ class Serve:
         config.write_text(tomlwrite.dumps(raw))
         cmd = [sys.executable, "-m", "splitserve", "serve", "--config", str(config)]
         cmd += ["--port", str(self.port), "--ready-timeout", "120", *extra]
-        env = {**os.environ, "SPLITSERVE_API_KEY": API_KEY}
+        env = {**os.environ, "SPLITSERVE_API_KEY": API_KEY, "SPLITSERVE_ADMIN_KEY": ADMIN_KEY}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)  # fmt: skip
@@ -130,11 +132,11 @@ def test_the_detok_pool_grows_and_shrinks_under_load_losing_nothing(tokenizer_51
         futures = serve.stream(12, 600)
         _streaming(serve, futures, 10)
         for count in (4, 1):
-            r = serve.http.post("/admin/detok-workers", json={"count": count})
+            r = serve.http.post("/admin/detok-workers", json={"count": count}, headers=ADMIN)
             assert r.status_code == 200, r.text
 
             def settled(count=count):
-                pool = serve.http.get("/admin/detok-workers").json()["workers"]
+                pool = serve.http.get("/admin/detok-workers", headers=ADMIN).json()["workers"]
                 live = {w["index"] for w in pool if w["live"]}
                 loaded = {w["index"] for w in pool if w["streams"]}
                 return live == set(range(count)) and loaded <= live
@@ -153,13 +155,16 @@ def test_the_detok_pool_grows_and_shrinks_under_load_losing_nothing(tokenizer_51
         serve.close()
 
 
-def test_admin_endpoints_need_the_api_key(tokenizer_512, tmp_path):
+def test_admin_endpoints_need_the_admin_key(tokenizer_512, tmp_path):
+    """Not the clients' API key (issue 50: any client could ask for 256 detok workers)."""
     serve = Serve(tokenizer_512, tmp_path)
     try:
         serve.wait(lambda: serve.health().get("status") == "ready", "ready")
         r = httpx.post(f"{serve.url}/admin/detok-workers", json={"count": 3}, timeout=30)
         assert r.status_code == 401
-        r = serve.http.post("/admin/detok-workers", json={"count": 0})
+        r = serve.http.post("/admin/detok-workers", json={"count": 3})  # the API key
+        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_key_required"
+        r = serve.http.post("/admin/detok-workers", json={"count": 0}, headers=ADMIN)
         assert r.status_code == 400
     finally:
         serve.close()

@@ -1,6 +1,8 @@
 """The optional API key: when config.router.api_key is set, every route but /health (and
 /metrics with router.open_metrics, as vLLM serves it to scrapers) wants
-`Authorization: Bearer <key>` and answers 401 (OpenAI's error shape) without it."""
+`Authorization: Bearer <key>` and answers 401 (OpenAI's error shape) without it. The admin
+endpoints (/admin/...) are not the clients': they take the admin key instead, checked by
+router/http/admin.py, which refuses the API key there."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from router.http.errors import send_error
 from splitserve.config import RouterConfig
 
+ADMIN_PREFIX = "/admin/"  # the admin key's (router/http/admin.py)
 OPEN_PATHS = frozenset({"/health"})  # load balancers and the launcher probe it without a key
 
 
@@ -26,7 +29,8 @@ class ApiKeyMiddleware:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self.open_paths or path.startswith(ADMIN_PREFIX):
             await self.app(scope, receive, send)
             return
         given = b""

@@ -20,9 +20,13 @@ from dataclasses import dataclass
 
 from splitserve.config import ClusterConfig
 from splitserve.launch.roles import role_instances, role_module, stack_roles, write_config_files
-from splitserve.procutil import API_KEY_ENV, CPUS_ENV, IO_CPUS_ENV, PARENT_ENV
+from splitserve.procutil import ADMIN_KEY_ENV, API_KEY_ENV, CPUS_ENV, IO_CPUS_ENV, PARENT_ENV
 
 log = logging.getLogger(__name__)
+
+# the keys the router may get from this launcher's environment, and the file each is written to
+# beside the children's cluster file (roles.write_config_files)
+KEY_FILES = {API_KEY_ENV: "api_key", ADMIN_KEY_ENV: "admin_key"}
 
 @dataclass
 class Child:
@@ -59,16 +63,18 @@ class ProcessStack:
             list(instances) if instances is not None else role_instances(config, self.roles)
         )
         env = dict(os.environ if env is None else env)
-        key = env.pop(API_KEY_ENV, "")
+        keys = {name: env.pop(name, "") for name in KEY_FILES}
         self.env = env
         self.log_dir = log_dir
         # role -> CPUs its processes are pinned to (default: the config's [cluster.cpus])
         self.cpus = {r: list(cs) for r, cs in (config.cpus if cpus is None else cpus).items()}
         self.written = [] if config_path else write_config_files(config)
         self.config_path = config_path or self.written[0]
-        # the router reads the key from the file written for it; else from the environment this
-        # launcher got (a host's launcher on the user's own file): the router's alone
-        self.router_env = {API_KEY_ENV: key} if key and len(self.written) < 2 else {}
+        # the router reads each key from the file written for it; else from the environment
+        # this launcher got (a host's launcher on the user's own file): the router's alone
+        files = {os.path.basename(path) for path in self.written[1:]}
+        self.router_env = {name: key for name, key in keys.items()
+                           if key and KEY_FILES[name] not in files}  # fmt: skip
         self.children: dict[tuple[str, int], Child] = {}
         self.retired: list[Child] = []  # stopped for good (a shrunk pool): waited for at stop()
 

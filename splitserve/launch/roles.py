@@ -44,23 +44,26 @@ def role_instances(config: ClusterConfig, roles: Iterable[str]) -> list[tuple[st
 def write_config(config: ClusterConfig, path: str | None = None) -> str:
     """The resolved config as a TOML file (addresses included) for the children to read, in the
     run directory (0700) unless path names another place. The API key is never in it: it goes
-    to `api_key` beside it (0600), which the file names as [router] api_key_file."""
+    to `api_key` beside it (0600), which the file names as [router] api_key_file; the admin
+    key likewise to `admin_key` ([router] admin_key_file)."""
     written = write_config_files(config, path)
     return written[0]
 
 
 def write_config_files(config: ClusterConfig, path: str | None = None) -> list[str]:
-    """write_config, returning every file written: the config, then the API key's if any."""
+    """write_config, returning every file written: the config, then the keys' if any."""
     if path is None:
         if not config.run_dir:
             raise ValueError("no run directory for the children's cluster file")
         path = os.path.join(ensure_private_dir(config.run_dir), "cluster.toml")
     raw = config_to_dict(config)
     written = [path]
-    if config.router.api_key:
-        key_path = os.path.join(os.path.dirname(os.path.abspath(path)), "api_key")
-        written.append(write_secret_file(key_path, config.router.api_key + "\n"))
-        raw["router"]["api_key_file"] = key_path
+    for field in ("api_key", "admin_key"):
+        key = getattr(config.router, field)
+        if key:
+            key_path = os.path.join(os.path.dirname(os.path.abspath(path)), field)
+            written.append(write_secret_file(key_path, key + "\n"))
+            raw["router"][f"{field}_file"] = key_path
     # 0600 as well: it names where the key and the sockets are
     write_secret_file(path, tomlwrite.dumps(raw))
     return written
