@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 
 import zmq
@@ -75,6 +76,9 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
             # Still loading or compiling: nothing to drain, and a compile cannot be cut short,
             # so waiting would only hold up the stop (the launcher's Ctrl-C) for its length.
             log.info("signal %d while starting: nothing to drain, exiting now", signum)
+            store = sys.modules.get("splitserve.engine.executables")  # if the engine loaded it
+            if store is not None:  # programs it is loading now did not crash this process
+                store.abandon_loads()
             logging.shutdown()
             os._exit(0)
         log.info("signal %d: draining", signum)

@@ -194,6 +194,22 @@ def test_a_marker_held_by_a_live_loader_is_waited_for_not_taken_for_a_crash(tmp_
     assert not os.path.exists(marker)
 
 
+def test_a_stop_while_loading_leaves_no_crash_marker(tmp_path):
+    """A worker stopped while it starts (Ctrl-C: role_main exits at once) was loading some
+    programs: those loads did not crash it, and the next start loads them from the store."""
+    store = str(tmp_path / "x")
+    e = engine(store)
+    key = ("sample", 1, True)
+    e._obtain(key)
+    path = e.executables.path(key)
+    fd = executables._begin_load(path)  # a load in flight, as the stop finds it
+    assert os.path.exists(path + executables.LOADING)
+    executables.abandon_loads()
+    os.close(fd)  # the process exits
+    assert not os.path.exists(path + executables.LOADING)
+    assert engine(store)._obtain(key)[1] == "cache"
+
+
 def test_the_store_refuses_to_sit_beside_jax_s_own_cache(tmp_path):
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
     try:

@@ -28,7 +28,7 @@ file: a loader holds `<entry>.loading` locked (flock) and written while XLA read
 removes it after. A marker that outlives its loader (the lock is free, the file holds its pid)
 means that loader died inside the load: the entry is removed, counted and logged, and the
 program compiled again. A marker locked by a live loader (another worker loading the same
-program) is waited for.
+program) is waited for, and a worker stopped while it starts removes its own (abandon_loads).
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ DIGEST_BYTES = hashlib.sha256().digest_size
 LOADING = ".loading"  # beside an entry while it is being loaded (the crash marker)
 KEEP_BYTES = 2 << 30  # the store's size bound (the default model's programs take about 0.2 GiB)
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
+# the markers of this process's loads in flight (no lock: abandon_loads runs in a signal handler,
+# and a set's add and discard are atomic)
+_loading: set[str] = set()
 
 
 def build_identity() -> str:
@@ -223,14 +226,23 @@ def _begin_load(path: str) -> int | None:
             os.close(fd)
             return None
         os.write(fd, f"{os.getpid()}\n".encode())
+        _loading.add(marker)
         return fd
 
 
 def _end_load(path: str, fd: int) -> None:
     """The load is over (it returned or raised): the marker goes, before its lock does, so
     that a loader waiting on it takes a fresh one."""
+    _loading.discard(path + LOADING)
     _remove(path + LOADING)
     os.close(fd)
+
+
+def abandon_loads() -> None:
+    """This process exits on purpose in the middle of loads (a stop while starting: role_main
+    exits at once): those loads did not end it, so their markers go and their entries stay."""
+    for marker in list(_loading):
+        _remove(marker)
 
 
 def _trusted(st: os.stat_result) -> bool:
