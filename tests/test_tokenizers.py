@@ -264,6 +264,23 @@ def test_chat_template_is_sandboxed():
         mutate.render(CHAT)
 
 
+@pytest.mark.parametrize("source, words", [
+    ("{{ 'x' * 10000000000 }}", "repetition"),  # would allocate 10 GB (issue 50, point 4)
+    ("{{ [0] * 10000000000 }}", "repetition"),
+    ("{{ 10000000000 * 'x' }}", "repetition"),
+    ("{{ 3 ** 100000000 }}", "power"),
+    ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "renders over"),
+])  # fmt: skip
+def test_a_template_cannot_grow_a_prompt_past_its_bound(source, words):
+    with pytest.raises(ChatTemplateError, match=words):
+        ChatTemplate(source).render(CHAT)  # (a constant is not folded when it compiles)
+
+
+def test_bounded_operators_still_work_within_the_bound():
+    template = ChatTemplate("{{ '=' * 3 }}{{ [1] * 2 }}{{ 2 ** 10 }}{{ 6 * 7 }}{{ 1.5 * 2 }}")
+    assert template.render(CHAT) == "===[1, 1]1024423.0"
+
+
 def test_model_without_chat_template(tmp_path):
     tok = get_tokenizer("metaspace")  # its config has one; a bare tokenizer.json has none
     assert tok.apply_chat_template(CHAT[1:]).startswith("<|im_start|>user\n")
