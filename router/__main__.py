@@ -5,7 +5,9 @@ A request's path through this process (one asyncio event loop serves HTTP and th
     body timeouts, connections per peer and in all); the middleware reads or makes the
     X-Request-Id, checks the API key and bounds the body size (router/http/app.py).
  2. The endpoint validates the body (pydantic, router/http/schemas.py), renders the chat template
-    for chat requests, and tokenizes the prompt.
+    for chat requests, and tokenizes the prompt. A client's grammar (structured output, tool
+    calls) is compiled, and a request's own chat template or a large chat rendered, in a
+    contained child process under a time limit (router/contained/), never on this loop.
  3. One core request per choice is submitted under the request id (`<id>-<i>` when there are
     several): the core validates, admits or refuses (400 / 429 / 503), picks the detok worker on
     the hash ring and sends the request to the prefill worker (router/core.py).
@@ -36,6 +38,7 @@ import uvicorn
 import uvloop
 import zmq
 
+from router.contained.metrics import PoolCollector
 from router.core import RouterCore
 from router.http import build_app
 from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
@@ -130,6 +133,7 @@ async def serve(
     try:
         await core.start()
         app = build_app(core, tokenizer, config)
+        core.metrics.registry.register(PoolCollector(app.state.ctx.contained.pool))
         r = config.router
         guard = ConnectionGuard(r, connection_capacity(r.max_connections))
         server = DrainingServer(
@@ -158,6 +162,7 @@ async def serve(
         finally:
             announcing.cancel()
             guard.close()
+            await app.state.ctx.close()  # its contained children (router/contained/)
         if not server.started:
             raise RuntimeError(f"could not serve HTTP on {r.host}:{r.port}")
     finally:

@@ -83,6 +83,10 @@ def add_chat_template_arg(p: argparse.ArgumentParser) -> None:
         "--chat-template", metavar="FILE",
         help="a Jinja chat template that replaces the model's own (model.chat_template)",
     )  # fmt: skip
+    p.add_argument("--trust-request-chat-template", action="store_true", default=None,
+                   help="let a request bring its own chat template (the chat_template field, "
+                   "refused by default as in vLLM); it then runs in a contained child process "
+                   "under a time limit ([router] trust_request_chat_template)")  # fmt: skip
 
 
 def add_api_key_args(p: argparse.ArgumentParser) -> None:
@@ -150,6 +154,7 @@ def config_from_args(args: argparse.Namespace, fresh_run_dir=None):
                 "admin_key": admin_key_from(args, os.environ),
                 "served_model_name": args.served_model_name,
                 "open_metrics": args.open_metrics,
+                "trust_request_chat_template": getattr(args, "trust_request_chat_template", None),
             },
         },
         fresh_run_dir,

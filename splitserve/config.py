@@ -40,6 +40,7 @@ A cluster file (all sections optional):
     detok_worker_mib = 0        # MiB a new detok worker is counted at (0: measured)
     header_timeout_s = 10.0     # client connections: see RouterConfig
     max_connections = 4096
+    trust_request_chat_template = false  # true: a request may bring its own chat template
 
     [addresses]                 # ZeroMQ endpoints each receiver binds (exactly: see
                                 # splitserve/endpoints.py) and its senders connect to
@@ -244,6 +245,10 @@ class RouterConfig:
     body_timeout_s: float = 30.0
     max_connections: int = 4096
     max_connections_per_peer: int = 256
+    # a request's own chat template (vLLM's chat_template field) is a program its client wrote:
+    # refused (400) unless true (vLLM's --trust-request-chat-template); when true it runs in the
+    # router's contained children under a time limit (router/http/chat_templates.py)
+    trust_request_chat_template: bool = False
 
 
 @dataclass(frozen=True)

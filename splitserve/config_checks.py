@@ -84,8 +84,9 @@ def router_values(values: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("[router] served_model_name must be a name or a list of names")
     if "served_model_name" in values:
         values["served_model_name"] = tuple(names)
-    if not isinstance(values.get("open_metrics", False), bool):
-        raise ValueError("[router] open_metrics must be true or false")
+    for flag in ("open_metrics", "trust_request_chat_template"):
+        if not isinstance(values.get(flag, False), bool):
+            raise ValueError(f"[router] {flag} must be true or false")
     return values
 
 

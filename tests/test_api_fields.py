@@ -107,7 +107,10 @@ VLLM_CHAT_REFUSED = {"documents": [{"text": "x"}], "echo": True, "media_io_kwarg
 
 @pytest.fixture(scope="module")
 def stack(tokenizer_512):
-    with http_stack(tokenizer_512, router={"max_running": 16}) as s:
+    # chat_template is honoured where the operator allows it (refused otherwise:
+    # tests/test_http_contained.py)
+    with http_stack(tokenizer_512, router={"max_running": 16,
+                                           "trust_request_chat_template": True}) as s:
         yield s
 
 

@@ -33,7 +33,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def stack(tokenizer_8000):
-    with http_stack(tokenizer_8000, model={"num_slots": 4, "max_seq_len": 2048}) as s:
+    # a request's own template (NATIVE below) needs the operator's leave
+    with http_stack(tokenizer_8000, model={"num_slots": 4, "max_seq_len": 2048},
+                    router={"trust_request_chat_template": True}) as s:
         yield s
 
 

@@ -268,3 +268,23 @@ def test_stuck_bounds_are_zero_or_longer_than_a_heartbeat(key, tmp_path):
     for bad in (0.25, -1, "30", True):
         with pytest.raises(ValueError, match=rf"\[lifecycle\] {key} must be 0 \(never\) or more"):
             load(bad)
+
+
+def test_a_request_s_own_chat_template_is_trusted_only_when_the_operator_says_so(tmp_path):
+    import argparse
+
+    from splitserve.cli import add_serve_args, config_from_args
+
+    base = {"cluster": {"run_dir": str(tmp_path)}}
+    assert config_from_dict(base).router.trust_request_chat_template is False
+    trusted = config_from_dict({**base, "router": {"trust_request_chat_template": True}})
+    assert trusted.router.trust_request_chat_template is True
+    assert config_from_dict(config_to_dict(trusted)).router.trust_request_chat_template is True
+    with pytest.raises(ValueError, match="trust_request_chat_template must be true or false"):
+        config_from_dict({**base, "router": {"trust_request_chat_template": "yes"}})
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    for flags, want in (([], False), (["--trust-request-chat-template"], True)):
+        args = parser.parse_args(["--engine", "fake", "--tokenizer", "t", *flags])
+        router = config_from_args(args, lambda: str(tmp_path)).router
+        assert router.trust_request_chat_template is want

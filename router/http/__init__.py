@@ -17,6 +17,8 @@ One idea per file:
   logprobs.py     logprobs in OpenAI's completion and chat shapes, vLLM's prompt_logprobs
   request_params.py  a body's core RequestParams (bad words tokenized, default max_tokens)
   structured.py   response_format / structured_outputs / guided_* -> one grammar
+  contained.py    a request's grammar and template work in the contained children
+                  (router/contained/), and its outcome as 400 / 429 / 503
   tools.py        tools and tool messages into the chat template; the grammar of a required call
   tool_parser.py  tool calls out of the model's text, whole or streamed
   chat_templates.py  a chat request's prompt (the model's template or the request's own)

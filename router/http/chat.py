@@ -20,7 +20,7 @@ from router.http.logprobs import chat_logprobs, prompt_logprobs
 from router.http.request_params import core_params
 from router.http.schemas import parse_body
 from router.http.streaming import respond
-from router.http.structured import output_grammar
+from router.http.structured import output_grammar, output_spec, spec_error
 from router.http.tool_parser import Event, ToolCallStream, parse_calls
 from router.http.tools import call_grammar
 from router.requests import Delta
@@ -35,26 +35,28 @@ async def create_chat_completion(request: Request) -> Response:
     ctx: ServerContext = request.app.state.ctx
     ctx.check_model(body.model)
     prompt = await render_prompt(ctx, body)
+    params = await chat_params(ctx, body, len(prompt))
     gen = Generation(ctx, request)
-    await gen.start([prompt], body.n, chat_params(ctx, body, len(prompt)))
+    await gen.start([prompt], body.n, params)
     fmt = ChatFormat(ctx, gen, body, prompt)
     return await respond(gen, fmt, body.stream, body.stream_options)
 
 
-def chat_params(ctx: ServerContext, body: ChatCompletionRequest, prompt_tokens: int):
-    grammar = output_grammar(body)
+async def chat_params(ctx: ServerContext, body: ChatCompletionRequest, prompt_tokens: int):
     mode = body.tool_mode()
     if mode is not None and mode != "auto":  # a call is required: constrain it
-        if grammar:
+        if output_spec(body) is not None:
             raise APIError(400, "a required tool call and response_format cannot both shape"
                            " the output", param="tool_choice")  # fmt: skip
         assert body.tools is not None
         try:
-            grammar = call_grammar(body.tools, None if mode == "required" else mode,
-                                   body.parallel())  # fmt: skip
+            spec = call_grammar(body.tools, None if mode == "required" else mode,
+                                body.parallel())  # fmt: skip
         except GrammarError as exc:
-            raise APIError(400, f"tools: a function's parameters cannot be enforced: {exc}",
-                           param="tools", code="invalid_grammar") from None
+            raise spec_error("tools", exc) from None
+        grammar = await ctx.contained.grammar(spec, "tools")
+    else:
+        grammar = await output_grammar(ctx, body)
     top = (body.top_logprobs or 0) if body.logprobs else 0
     return core_params(ctx, body, prompt_tokens, body.output_tokens(), bool(body.logprobs), top,
                        grammar)  # fmt: skip

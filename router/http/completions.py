@@ -35,7 +35,7 @@ async def create_completion(request: Request) -> Response:
     token_prompts = [
         p if isinstance(p, list) else await ctx.encode(p, body.add_special_tokens) for p in prompts
     ]
-    grammar = output_grammar(body)
+    grammar = await output_grammar(ctx, body)
     scored = body.logprobs is not None
     # echo with logprobs scores the prompt too: its logprobs come from the prefill
     prompt_k = body.logprobs if body.echo and scored else None

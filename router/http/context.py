@@ -1,5 +1,7 @@
-"""What every endpoint shares: the router core, the tokenizer and the served model's names.
-(The HTTP request ids in flight are the core's request table's: see router/request_table.py.)"""
+"""What every endpoint shares: the router core, the tokenizer, the served model's names, and the
+contained children that compile clients' grammars and render their templates (for the app's
+life: closed when the router stops). (The HTTP request ids in flight are the core's request
+table's: see router/request_table.py.)"""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from router.contained.pool import ContainedPool
 from router.core import RouterCore
+from router.http.contained import ContainedWork
 from router.http.errors import APIError
 from splitserve.config import ClusterConfig
 from splitserve.model_names import accepted_names, served_names
@@ -27,6 +31,7 @@ class ServerContext:
     config: ClusterConfig
     names: tuple[str, ...] = ()
     accepted: frozenset[str] = frozenset()
+    contained: ContainedWork = field(init=False, repr=False)
     created: int = field(default_factory=lambda: int(time.time()))
     _pieces: tuple[bytes, ...] | None = None
     _special: frozenset[int] = frozenset()
@@ -34,6 +39,10 @@ class ServerContext:
     def __post_init__(self) -> None:
         self.names = self.names or served_names(self.config)
         self.accepted = self.accepted or accepted_names(self.config)
+        self.contained = ContainedWork(ContainedPool())
+
+    async def close(self) -> None:
+        await self.contained.close()
 
     @property
     def model_name(self) -> str:

@@ -28,9 +28,9 @@ async def generate(request: Request) -> Response:
         prompt = list(body.prompt_token_ids)
     else:
         prompt = await ctx.encode(body.prompt or "", body.add_special_tokens)
+    grammar = await output_grammar(ctx, body)
     gen = Generation(ctx, request)
-    params = core_params(ctx, body, len(prompt), body.max_tokens, body.logprobs, 0,
-                         output_grammar(body))  # fmt: skip
+    params = core_params(ctx, body, len(prompt), body.max_tokens, body.logprobs, 0, grammar)
     await gen.start([prompt], 1, params)
     fmt = NativeFormat(gen, body.logprobs)
     return await respond(gen, fmt, body.stream, body.stream_options)

@@ -42,7 +42,7 @@ async def create_response(request: Request) -> Response:
     gen = Generation(ctx, request)
     try:
         prompt = await render_prompt(ctx, chat)
-        await gen.start([prompt], 1, chat_params(ctx, chat, len(prompt)))
+        await gen.start([prompt], 1, await chat_params(ctx, chat, len(prompt)))
     except APIError as exc:
         raise in_responses_terms(exc) from None
     except RequestError as exc:

@@ -60,7 +60,7 @@ async def tokenize(request: Request) -> JSONResponse:
     if body.messages is not None:
         if not body.messages:
             raise APIError(400, "messages must not be empty", param="messages")
-        text = render_text(ctx, body)  # type: ignore[arg-type]
+        text = await render_text(ctx, body)  # type: ignore[arg-type]
         special = bool(body.add_special_tokens)
     else:
         text = body.prompt or ""

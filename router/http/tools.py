@@ -92,7 +92,7 @@ def call_block(name: str, arguments: Any) -> str:
     return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
 
 
-def call_grammar(tools: list[Tool], only: str | None, parallel: bool) -> str:
+def call_grammar(tools: list[Tool], only: str | None, parallel: bool) -> specs.GrammarSpec:
     """The grammar of output that is tool calls and nothing else: one call (parallel false) or
     several, of the named function (only) or any; each call's arguments follow its function's
     parameters schema (a function without one takes an object).
@@ -116,4 +116,4 @@ def call_grammar(tools: list[Tool], only: str | None, parallel: bool) -> str:
         f'call: "{CALL_OPEN}\\n" ({alternatives}) "\\n{CALL_CLOSE}"',
         *rules,
     ])  # fmt: skip
-    return specs.from_lark(lark)
+    return specs.lark_spec(lark)  # compiled contained (router/http/contained.py)

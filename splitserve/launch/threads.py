@@ -19,6 +19,12 @@ from splitserve.launch.roles import WORKER_ROLES, role_instances
 
 log = logging.getLogger(__name__)
 
+# A worker builds a request's grammar matcher on its own thread, and the grammar engine recurses
+# in native code along the grammar's chains. The router accepts only grammars that compiled
+# on a quarter of this (router/contained/child.py); without it a thread's stack would follow
+# the process's stack limit (2 MiB where that is unlimited).
+WORKER_STACK_BYTES = 8 << 20
+
 
 class ThreadStack:
     """Use as a context manager; a worker thread's failure is logged and kept in `errors`."""
@@ -44,12 +50,16 @@ class ThreadStack:
             for role, index in role_instances(self.config, WORKER_ROLES)
         ]
         self.workers = workers
-        for w in workers:
-            t = threading.Thread(
-                target=self._run, args=(w,), name=f"{w.role}-{w.index}", daemon=True
-            )
-            t.start()
-            self.threads.append(t)
+        previous = threading.stack_size(WORKER_STACK_BYTES)
+        try:
+            for w in workers:
+                t = threading.Thread(
+                    target=self._run, args=(w,), name=f"{w.role}-{w.index}", daemon=True
+                )
+                t.start()
+                self.threads.append(t)
+        finally:
+            threading.stack_size(previous)
         return self
 
     def _run(self, worker) -> None:
