@@ -12,10 +12,13 @@ import re
 
 import jsonschema
 import pytest
+import zmq
 
+from splitserve import protocol
 from splitserve.grammar import specs
 from splitserve.grammar.matcher import GrammarState
 from splitserve.grammar.vocabulary import grammar_tokenizer
+from splitserve.protocol import RequestFailed
 from splitserve.tokenizers import load_tokenizer
 from tests.http_stack import assert_error_shape, http_stack, sse_events, wait_until
 from tests.schema_corpus import SCHEMAS
@@ -304,23 +307,71 @@ def test_a_constrained_request_ended_by_a_disconnect_leaves_its_slot_clean(one_s
         assert_the_slot_serves_the_next_schema(one_slot)
 
 
-def test_a_worker_failure_reaches_the_client_as_an_id_and_the_log_as_its_reason(stack):
-    """A grammar the prefill worker cannot build (a token id past the vocabulary, which the
-    router does not check) fails there with the engine's words and the grammar itself: the
-    client gets neither, in a 500's body or a stream's error event, only its request id."""
+def test_a_token_id_past_the_vocabulary_is_the_clients_error(stack):
+    """The router checks a grammar against the model's vocabulary as the workers will build it:
+    a token id past it is a 400 naming the grammar, not a worker's failure."""
     body = {"prompt": "x", "max_tokens": 8, "guided_grammar": 'start: "hunter2" <[99999]>'}
+    with stack.http() as c:
+        r = c.post("/v1/completions", json=body)
+    err = assert_error_shape(r, 400)
+    assert err["code"] == "invalid_grammar"
+
+
+@pytest.fixture(scope="module")
+def slow(tokenizer_8000):
+    """Requests that run for minutes (0.05 s a step, 1,000 tokens): one is surely in flight."""
+    with http_stack(tokenizer_8000, model={"max_seq_len": 1024, "fake_step_s": 0.05}) as s:
+        yield s
+
+
+def fail_from_a_prefill_worker(stack, rid: str, message: str) -> None:
+    """What a prefill worker tells the router of a request it cannot complete, on the router's
+    own socket (ipc: the user's own, as the workers' are), once the request is admitted."""
+    admitted = re.compile(re.escape(rid) + r"\.[0-9a-f]{8}(?= admitted)")
+    found: list[str] = []
+
+    def admitted_yet() -> bool:
+        with open(f"{stack.logs()}/router-0.log", errors="replace") as fh:
+            found[:] = admitted.findall(fh.read())
+        return bool(found)
+
+    wait_until(admitted_yet, 30, f"{rid} admitted")
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(stack.config.addresses.router)
+        sock.send_multipart(protocol.encode(RequestFailed([found[0]], [0], "prefill", message)))
+        sock.close(linger=5000)
+    finally:
+        ctx.term()
+
+
+def test_a_worker_failure_reaches_the_client_as_an_id_and_the_log_as_its_reason(slow):
+    """A worker's failure carries the engine's words and maybe the request's own content (a
+    grammar engine quotes the grammar): the client gets neither, in a 500's body or a stream's
+    error event, only its request id; the router's log keeps the reason."""
+    body = {"prompt": "x", "max_tokens": 1000, "ignore_eos": True,
+            "guided_grammar": 'start: "hunter2" /[a-z]+/'}  # fmt: skip
+    secret = "grammar: parser state ... hunter2 ..."
     for stream in (False, True):
         rid = f"worker-failure-{stream}"
-        with stack.http(headers={"X-Request-Id": rid}) as c:
-            with c.stream("POST", "/v1/completions", json={**body, "stream": stream}) as r:
-                text = r.read().decode()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+
+            def call(stream=stream, rid=rid):
+                with slow.http(headers={"X-Request-Id": rid}, timeout=120) as c:
+                    with c.stream("POST", "/v1/completions", json={**body, "stream": stream}) as r:
+                        return r, r.read().decode()
+
+            answer = pool.submit(call)
+            fail_from_a_prefill_worker(slow, rid, secret)
+            r, text = answer.result(timeout=120)
         if stream:
             error = [e for e in sse_events(text.splitlines()) if "error" in e][0]["error"]
         else:
             error = assert_error_shape(r, 500)
         assert error["message"] == f"internal server error: see the server's log for request {rid}"
-        assert "hunter2" not in text and "99999" not in text and "grammar" not in text
-        with open(f"{stack.logs()}/router-0.log", errors="replace") as fh:
+        assert "hunter2" not in text and "parser state" not in text and "grammar" not in text
+        with open(f"{slow.logs()}/router-0.log", errors="replace") as fh:
             records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", fh.read())  # (some span lines)
         logged = [record for record in records if rid in record]
-        assert any("hunter2" in record for record in logged), logged
+        assert any("parser state" in record for record in logged), logged

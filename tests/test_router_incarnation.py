@@ -47,7 +47,9 @@ def complete(stack, prompt: str, request_id: str | None = None, max_tokens: int 
     return r.json()
 
 
-def stream_in_background(stack, prompt: str, request_id: str, chunks: list[str]) -> threading.Thread:
+def stream_in_background(
+    stack, prompt: str, request_id: str, chunks: list[str]
+) -> threading.Thread:
     """A streaming request whose text chunks land in `chunks`; its connection dies with the
     router."""
 

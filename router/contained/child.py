@@ -2,12 +2,15 @@
 router/contained/pool.py, never by hand.
 
 A job's path through this process:
- 1. At start: die with the router (PR_SET_PDEATHSIG), bound this process's memory to what it
-    uses now plus MEMORY_HEADROOM_BYTES, then say {"ready": true}.
+ 1. At start: die with the router (PR_SET_PDEATHSIG), build the model's grammar vocabulary
+    (given --tokenizer and --vocab-size), bound this process's memory to what it uses now plus
+    MEMORY_HEADROOM_BYTES, then say {"ready": true}.
  2. The router writes one job frame on stdin (frames.py): {"job": "grammar" | "template",
     "args": {...}}.
  3. grammar: the spec checked against the bounds and compiled and validated by the grammar
-    engine (splitserve/grammar/specs.py compile_spec), on a thread whose stack is
+    engine (splitserve/grammar/specs.py compile_spec), then its matcher built over the model's
+    vocabulary as a worker will build it (a token id past the vocabulary is refused here, not
+    failed at a worker), on a thread whose stack is
     CHECK_STACK_BYTES, a quarter of what a worker's thread has: the engine recurses as deep when
     a worker builds the grammar's matcher (a few per cent more), so what passes here cannot
     overflow a worker's stack.
@@ -36,8 +39,9 @@ from typing import Any
 
 from router.contained import frames
 from splitserve.grammar.bounds import GrammarTooComplex
-from splitserve.grammar.matcher import GrammarError
+from splitserve.grammar.matcher import GrammarError, GrammarState
 from splitserve.grammar.specs import GrammarSpec, compile_spec
+from splitserve.grammar.vocabulary import grammar_tokenizer
 from splitserve.tokenizers.chat_template import ChatTemplate, ChatTemplateError
 
 log = logging.getLogger("router.contained")
@@ -65,7 +69,9 @@ class Refused(Exception):
 class GrammarJobs:
     """Grammars checked and compiled on a small-stack thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocabulary: Any = None) -> None:
+        """vocabulary: the model's llguidance.LLTokenizer (None: compile only)."""
+        self.vocabulary = vocabulary
         self.jobs: queue.Queue = queue.Queue(1)
         self.answers: queue.Queue = queue.Queue(1)
         threading.stack_size(CHECK_STACK_BYTES)
@@ -91,7 +97,10 @@ class GrammarJobs:
 
     def _check(self, args: dict[str, Any]) -> str:
         try:
-            return compile_spec(GrammarSpec(str(args["kind"]), str(args["text"])))
+            grammar = compile_spec(GrammarSpec(str(args["kind"]), str(args["text"])))
+            if self.vocabulary is not None:
+                GrammarState(self.vocabulary, grammar, ())
+            return grammar
         except GrammarTooComplex as exc:
             raise Refused(str(exc), "grammar_too_complex") from None
         except GrammarError as exc:
@@ -173,6 +182,8 @@ def bound_memory(headroom: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m router.contained.child")
     p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--tokenizer", help="the model's tokenizer: grammars are checked against it")
+    p.add_argument("--vocab-size", type=int, default=0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s contained[%(process)d] "
                         "%(levelname)s %(message)s")  # fmt: skip
@@ -180,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever else writes to stdout lands in the log, not in a frame
     inp = sys.stdin.buffer
-    jobs = {"grammar": GrammarJobs(), "template": TemplateJobs()}
+    vocabulary = None
+    if args.tokenizer:
+        from splitserve.tokenizers import load_tokenizer
+
+        vocabulary = grammar_tokenizer(load_tokenizer(args.tokenizer), args.vocab_size)
+    jobs = {"grammar": GrammarJobs(vocabulary), "template": TemplateJobs()}
     bound_memory(MEMORY_HEADROOM_BYTES)
     frames.write(out, {"ready": True})
     while True:

@@ -59,14 +59,22 @@ class PoolUnavailable(Exception):
     """A child could not be started."""
 
 
-def child_argv() -> list[str]:
-    return [sys.executable, "-m", "router.contained.child", "--parent", str(os.getpid())]
+# (tokenizer path, vocabulary size): the grammar vocabulary a child checks grammars against
+Vocabulary = tuple[str, int]
+
+
+def child_argv(vocabulary: Vocabulary | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "router.contained.child", "--parent", str(os.getpid())]
+    if vocabulary is not None:
+        argv += ["--tokenizer", vocabulary[0], "--vocab-size", str(vocabulary[1])]
+    return argv
 
 
 class Child:
     """One child process, started on demand, one job at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocabulary: Vocabulary | None = None) -> None:
+        self.vocabulary = vocabulary
         self.proc: asyncio.subprocess.Process | None = None
         self.closed = False  # the router is stopping: no child starts any more
 
@@ -112,7 +120,7 @@ class Child:
                 raise OSError("the router is stopping")
             pipe = asyncio.subprocess.PIPE
             self.proc = await asyncio.create_subprocess_exec(
-                *child_argv(), stdin=pipe, stdout=pipe, env=env
+                *child_argv(self.vocabulary), stdin=pipe, stdout=pipe, env=env
             )
             if self.closed:  # closed while the process was being made
                 raise OSError("the router is stopping")
@@ -149,8 +157,13 @@ def describe(status: int | None) -> str:
 
 
 class ContainedPool:
-    def __init__(self, children: int = CHILDREN, max_waiting: int = MAX_WAITING):
-        self.idle = [Child() for _ in range(children)]
+    def __init__(
+        self, children: int = CHILDREN, max_waiting: int = MAX_WAITING,
+        vocabulary: Vocabulary | None = None,
+    ):  # fmt: skip
+        """vocabulary: the model's, which grammars are checked against as the workers will
+        build them (a token id past it is the client's error); None: compiled only."""
+        self.idle = [Child(vocabulary) for _ in range(children)]
         self.all = list(self.idle)
         self.free = asyncio.Semaphore(children)
         self.max_waiting = max_waiting

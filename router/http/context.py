@@ -15,6 +15,7 @@ from router.http.contained import ContainedWork
 from router.http.errors import APIError
 from splitserve.config import ClusterConfig
 from splitserve.model_names import accepted_names, served_names
+from splitserve.tokenizer_path import tokenizer_path
 from splitserve.tokenizers import Tokenizer
 
 # Tokenizing a long text takes a while: off the event loop, so that running streams keep flowing.
@@ -39,7 +40,8 @@ class ServerContext:
     def __post_init__(self) -> None:
         self.names = self.names or served_names(self.config)
         self.accepted = self.accepted or accepted_names(self.config)
-        self.contained = ContainedWork(ContainedPool())
+        vocabulary = (tokenizer_path(self.config.model), self.tokenizer.vocab_size)
+        self.contained = ContainedWork(ContainedPool(vocabulary=vocabulary))
 
     async def close(self) -> None:
         await self.contained.close()
