@@ -49,6 +49,7 @@ from splitserve.config import ClusterConfig
 from splitserve.engine.capabilities import supports_controls
 from splitserve.engine.interface import SamplingParams
 from splitserve.message_limits import max_message_bytes
+from splitserve.progress import ProgressRecord, progress_path
 from splitserve.protocol import (
     DecodeLoad,
     DetokParams,
@@ -124,6 +125,7 @@ class RouterCore:
         self.links = WorkerLinks(
             self.ctx, self.config.addresses, self.counters,
             max_message_bytes("router", self.config), self.config.security.keys_dir, self.clock,
+            self._progress_record(),
         )  # fmt: skip
         self._ready_event = asyncio.Event()
         self._detok_pool = self.workers.detok_endpoints()
@@ -137,6 +139,12 @@ class RouterCore:
             asyncio.create_task(self.liveness.run(self.links.inbox), name="router-monitor"),
             asyncio.create_task(self._say_hello(), name="router-hello"),
         ]
+
+    def _progress_record(self) -> ProgressRecord | None:
+        """This process's progress record in the run directory, which its launcher judges it by
+        (splitserve/progress.py); none without a run directory."""
+        run_dir = self.config.run_dir
+        return ProgressRecord(progress_path(run_dir, "router", 0)) if run_dir else None
 
     async def _say_hello(self) -> None:
         """RouterHello to every worker now and every heartbeat interval: a worker that (re)starts

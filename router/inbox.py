@@ -15,6 +15,9 @@ a flood, or was starved of the CPU looked late, and healthy workers were declare
     then is noted. A silence is measured up to that mark, never up to "now": a thread that was
     not scheduled, or that stopped reading because the loop is MAX_QUEUED messages behind (ZeroMQ
     holds the rest, as it did before), judges no worker until it has caught up again.
+ 5. Each pass rewrites the router's progress record (splitserve/progress.py) with when this
+    thread and the event loop (loop_ran, by the liveness monitor) last ran: the launcher replaces
+    a router that stopped, as it does a worker.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from splitserve.progress import ProgressRecord
 from splitserve.protocol import Heartbeat, Ready
 from splitserve.security import process_name
 from splitserve.transport import Receiver
@@ -80,10 +84,15 @@ class Inbox:
     """The thread that reads `receiver` (it alone touches that socket once started) and hands
     each message to on_message(message, sender's authenticated name or None) on `loop`."""
 
-    def __init__(self, receiver: Receiver, clock: HeartbeatClock, max_queued: int = MAX_QUEUED):
+    def __init__(
+        self, receiver: Receiver, clock: HeartbeatClock, max_queued: int = MAX_QUEUED,
+        progress: ProgressRecord | None = None,
+    ):  # fmt: skip
         self.receiver = receiver
         self.clock = clock
         self.max_queued = max_queued
+        self.progress = progress  # this process's record, rewritten each pass (step 5)
+        self.loop_at = time.monotonic()  # when the event loop last said it ran (loop_ran)
         self._queue: deque[tuple[Any, str | None]] = deque()
         self._wake_pending = False
         self._room = threading.Event()  # set while the queue has room for more
@@ -109,6 +118,13 @@ class Inbox:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+    def loop_ran(self) -> None:
+        """The event loop ran (for the progress record)."""
+        self.loop_at = time.monotonic()
 
     def backlog(self) -> int:
         """Messages read and not yet handled."""
@@ -118,6 +134,8 @@ class Inbox:
     def _read(self) -> None:
         last_pass = time.monotonic()
         while not self._stop.is_set():
+            if self.progress is not None:
+                self.progress.write(time.monotonic(), self.loop_at)
             if not self._room.wait(timeout=POLL_MS / 1000):
                 continue  # the loop is far behind: leave the rest in ZeroMQ's queue
             self.receiver.poll(POLL_MS)

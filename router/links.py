@@ -20,6 +20,7 @@ import zmq
 from router.inbox import HeartbeatClock, Inbox
 from router.placement import Stamp
 from splitserve.config import WORKER_ROLES, Addresses
+from splitserve.progress import ProgressRecord
 from splitserve.protocol import Abort, Fence, TransportCounters
 from splitserve.security import curve_client, curve_server
 from splitserve.transport import Receiver, Sender
@@ -31,15 +32,19 @@ class WorkerLinks:
     def __init__(
         self, ctx: zmq.Context, addresses: Addresses, counters: TransportCounters,
         max_message_bytes: int = -1, keys_dir: str = "", clock: HeartbeatClock | None = None,
+        progress: ProgressRecord | None = None,
     ):  # fmt: skip
         """keys_dir: the cluster's CURVE keys ([security]): tcp links then use them. clock:
-        where the inbox notes the arrival of heartbeats (the worker table judges by it)."""
+        where the inbox notes the arrival of heartbeats (the worker table judges by it).
+        progress: the router's progress record, which the inbox's thread keeps."""
         self.ctx = ctx
         self.counters = counters
         self.keys_dir = keys_dir
         curve = curve_server(keys_dir, addresses.router, "router", 0)
         self.receiver = Receiver(ctx, addresses.router, counters, max_message_bytes, curve)
-        self.inbox = Inbox(self.receiver, clock if clock is not None else HeartbeatClock())
+        self.inbox = Inbox(
+            self.receiver, clock if clock is not None else HeartbeatClock(), progress=progress
+        )
         self.senders: dict[tuple[str, int], Sender] = {}
         for role in WORKER_ROLES:
             for index, endpoint in enumerate(addresses.of(role)):

@@ -54,6 +54,7 @@ class LivenessMonitor:
     async def run(self, inbox: Inbox) -> None:
         while True:
             await asyncio.sleep(MONITOR_INTERVAL_S)
+            inbox.loop_ran()
             for w in self.workers.expire():
                 self.worker_lost(w)
             self.on_workers_changed(None)

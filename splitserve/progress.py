@@ -1,5 +1,6 @@
-"""A worker process's progress record: how its launcher (and its Kubernetes probe) tell a worker
-that stopped from one that is busy.
+"""A process's progress record: how its launcher (and a worker's Kubernetes probe) tell a process
+that stopped from one that is busy. The router keeps one too (router/inbox.py: its inbox's
+thread for the heartbeat thread, its liveness monitor for the loop).
 
 A worker frozen by SIGSTOP (or wedged in a way that stops its threads) used to be left alone for
 good: its process had not exited, so no supervisor restarted it, while the router answered 503

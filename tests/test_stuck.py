@@ -8,6 +8,7 @@ the pipeline completes; a long prefill (the heartbeat thread runs through it) is
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,33 @@ def test_a_stopped_worker_is_killed_and_replaced_and_a_waiting_request_completes
         assert f"{role}[0] exited with status -9: restarting it (restart 1)" in log
     finally:
         serve.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stopped_router_is_killed_and_replaced(tokenizer_512, tmp_path):
+    """The router's inbox thread keeps its record: frozen, it is replaced as a worker is, and
+    its successor serves."""
+    serve = Serve(tokenizer_512, tmp_path, sections={"lifecycle": LIFECYCLE})
+    try:
+        started(serve)
+        frozen = router_pid(serve)
+        os.kill(frozen, signal.SIGSTOP)
+        serve.wait(lambda: router_pid(serve) not in (None, frozen), "a new router", 120)
+        serve.wait(lambda: serve.health().get("ready") is True, "the new router ready")
+        r = serve.http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert not pid_alive(frozen)
+        log = serve.log_path.read_text()
+        assert f"router[0] (pid {frozen}) makes no progress: its heartbeat thread" in log
+    finally:
+        serve.close()
+
+
+def router_pid(serve: Serve) -> int | None:
+    """The router's pid, from the launcher's log of the processes it started (the last one)."""
+    found = re.findall(r"started router\[0\] \(pid (\d+)\)", serve.log_path.read_text())
+    return int(found[-1]) if found else None
 
 
 @pytest.mark.slow

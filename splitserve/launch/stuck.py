@@ -1,6 +1,7 @@
-"""Which of a launcher's worker processes have stopped making progress, by their progress
-records (splitserve/progress.py): supervise() kills them (SIGKILL), and the restart policy
-starts them again as it does a worker that died, so their requests move as a dead worker's do.
+"""Which of a launcher's processes have stopped making progress, by their progress records
+(splitserve/progress.py): supervise() kills them (SIGKILL), and the restart policy starts them
+again as it does a process that died, so a worker's requests move as a dead worker's do, and a
+router's are ended by the workers when its successor says hello (protocol.RouterHello).
 
 A frozen worker (SIGSTOP for 45 s) had been left alone for good: its process had not exited,
 so nothing restarted it, while the router answered 503 "a worker is being replaced".
@@ -13,12 +14,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from splitserve.config import LifecycleConfig
-from splitserve.launch.roles import WORKER_ROLES
 from splitserve.progress import progress_path, read_progress, stuck_reason
 
 
 class StuckWatch:
-    """The worker children of a stack under run_dir, judged against [lifecycle]'s bounds."""
+    """The children of a stack under run_dir, judged against [lifecycle]'s bounds."""
 
     def __init__(
         self, run_dir: str, lifecycle: LifecycleConfig,
@@ -30,14 +30,14 @@ class StuckWatch:
         self.clock = clock  # the workers' clock (CLOCK_MONOTONIC): one for the whole host
 
     def stuck(self, children: Iterable[Any]) -> list[tuple[Any, str]]:
-        """(child, why) for each running worker child whose own record says it is stuck; a
-        child without a record of its own pid (still warming up) is not judged."""
+        """(child, why) for each running child whose own record says it is stuck; a child
+        without a record of its own pid (a worker still warming up) is not judged."""
         if not self.run_dir:
             return []
         now = self.clock()
         out = []
         for child in children:
-            if child.role not in WORKER_ROLES or child.popen.poll() is not None:
+            if child.popen.poll() is not None:
                 continue
             record = read_progress(progress_path(self.run_dir, child.role, child.index))
             if record is None or record.pid != child.popen.pid:
