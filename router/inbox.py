@@ -126,6 +126,10 @@ class Inbox:
         """The event loop ran (for the progress record)."""
         self.loop_at = time.monotonic()
 
+    def paused(self) -> bool:
+        """The thread stopped reading: the loop is max_queued messages behind."""
+        return not self._room.is_set()
+
     def backlog(self) -> int:
         """Messages read and not yet handled."""
         return len(self._queue)
