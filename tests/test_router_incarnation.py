@@ -8,12 +8,15 @@ orphans to run to max_tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 
 import httpx
 import pytest
 
+from splitserve import protocol
+from splitserve.protocol import RouterHello
 from tests.http_stack import http_stack, metric_sum, wait_healthy, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -135,3 +138,28 @@ def test_a_dead_routers_requests_free_the_decode_slots(stack):
     wait_until(lambda: decode_free_slots(stack) == SLOTS, DEADLINE_S, "the orphans' slots freed")
     for i in range(SLOTS):
         assert complete(stack, f"new {i}")["choices"][0]["finish_reason"] == "length"
+
+
+def test_only_the_routers_own_word_ends_its_predecessors_requests(tokenizer_512):
+    """A prefix (from a prefill worker) of a newer router incarnation is served, and ends
+    nothing: a prefill host cannot end every stream by forging one. The router's RouterHello
+    does end the older router's slots, and a prefix of the older router is then dropped."""
+    from tests.test_worker_fuzz import DecodeWorker, genuine_prefix, one_pass, worker_of
+
+    def prefix(rid: str, router: int):
+        header, frames = genuine_prefix(rid)
+        return dataclasses.replace(header, router_incarnation=router), frames
+
+    with worker_of(DecodeWorker, tokenizer_512) as (worker, _):
+        worker.dispatch([protocol.decode(protocol.encode(RouterHello(5)))])
+        worker.dispatch([prefix("old", 5)])
+        one_pass(worker)
+        worker.dispatch([prefix("newer", 9)])
+        one_pass(worker)
+        assert worker.slots.get("old") is not None and worker.slots.get("newer") is not None
+        assert worker.router_incarnation == 5
+        worker.dispatch([protocol.decode(protocol.encode(RouterHello(9)))])
+        assert worker.slots.get("old") is None and worker.slots.get("newer") is not None
+        worker.dispatch([prefix("late", 5)])
+        one_pass(worker)
+        assert worker.slots.get("late") is None
