@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.detokenize import IncrementalDetokenizer, StopStringMatcher
+from detok_worker.detokenize import IncrementalDetokenizer, StopStringMatcher
 from splitserve.protocol import DetokParams, FinishReason, PromptScores, TextDelta, TokenFinish
 from splitserve.tokenizers.base import TokenTable
 

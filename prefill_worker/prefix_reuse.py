@@ -1,4 +1,4 @@
-"""The prefill worker's use of its prefix cache (splitserve/prefix_cache.py): before a prefill, the
+"""The prefill worker's use of its prefix cache (prefix_cache.py): before a prefill, the
 prompt's longest cached block run becomes the engine's cached KV; after it, the prompt's blocks
 not yet cached are cut from the Prefix and stored.
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prefill_worker.prefix_cache import PrefixCache
 from splitserve.config import ModelConfig
 from splitserve.engine.interface import Engine, Prefix
 from splitserve.prefix_blocks import block_keys, reusable_blocks
-from splitserve.prefix_cache import PrefixCache
 from splitserve.protocol import GenerateRequest
 
 CHECK_LIMIT = 20_000  # blocks up to which each load report verifies the cache's invariants

@@ -1,7 +1,7 @@
 """Where a request goes, decided by the router at admission (and again only when a worker dies)
 and stamped on it; later hops read the stamps and never choose.
 
-- Detok worker: the hash ring over the live detok workers, by request id (splitserve.hashring),
+- Detok worker: the hash ring over the live detok workers, by request id (router/hashring.py),
   so that the choice is stable and spreads evenly; a ring change moves only ~1/N of new requests.
 - Prefill worker: the live one with the least prefill work ahead of the prompt's first token:
   the tokens the prompts placed there and not yet prefilled will compute, plus this prompt's
@@ -29,10 +29,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from router.hashring import HashRing
 from router.prefix_affinity import PrefixAffinity
 from router.requests import RequestHandle
 from router.workers import WorkerTable
-from splitserve.hashring import HashRing
 from splitserve.prefix_blocks import block_keys, reusable_blocks
 
 log = logging.getLogger(__name__)

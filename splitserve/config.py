@@ -174,7 +174,7 @@ class ModelConfig:
     # step streams them all, and fewer page translations make that faster; off, they stay on
     # the pages the allocator gave them
     huge_pages: bool = True
-    # prefix reuse (splitserve/prefix_cache.py): the prefill worker keeps KV blocks of
+    # prefix reuse (prefill_worker/prefix_cache.py): the prefill worker keeps KV blocks of
     # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its
     # longest cached block run does not cover
     prefix_cache: bool = True

@@ -2,7 +2,7 @@
 block keyed by a hash chained over the blocks before it, so that a key names a block *and*
 everything before it (two prompts share a key exactly when they share that whole prefix).
 
-The prefill worker's cache (splitserve/prefix_cache.py) and the router's placement
+The prefill worker's cache (prefill_worker/prefix_cache.py) and the router's placement
 (router/prefix_affinity.py) compute the same keys: blake2b of the previous key and the block's
 token ids as little-endian int32, stable across processes and runs.
 """

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from tokenizer_cases import BUILDERS, byte_fallback_mixed_run, get_tokenizer, id_lists, stream
 
-from splitserve.detokenize import IncrementalDetokenizer, StopStringMatcher
+from detok_worker.detokenize import IncrementalDetokenizer, StopStringMatcher
 from splitserve.tokenizers.base import PER_BYTE_REPLACE, TokenTable
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from splitserve.hashring import HashRing, stable_hash
+from router.hashring import HashRing, stable_hash
 
 KEYS = [f"req-{i:06d}" for i in range(100_000)]
 
@@ -43,7 +43,7 @@ def test_removing_a_worker_moves_only_its_keys(n):
 
 
 def test_hash_is_stable_across_processes():
-    code = "from splitserve.hashring import stable_hash; print(stable_hash('req-000042'))"
+    code = "from router.hashring import stable_hash; print(stable_hash('req-000042'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == stable_hash("req-000042")
 

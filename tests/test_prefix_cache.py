@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefill_worker.prefix_cache import PrefixCache
 from splitserve.prefix_blocks import block_keys, reusable_blocks
-from splitserve.prefix_cache import PrefixCache
 
 BLOCK = 4
 

@@ -26,7 +26,7 @@ import tokenizers
 from hypothesis import strategies as st
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
 
-from splitserve.detokenize import IncrementalDetokenizer
+from detok_worker.detokenize import IncrementalDetokenizer
 from splitserve.engine.default_model import default_model_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
 from splitserve.tokenizers.hf_tokenizer import byte_level_alphabet

@@ -24,7 +24,7 @@ from splitserve.protocol.messages import (
     PrefixHeader,
     ProtocolError,
 )
-from splitserve.wire_checks import (
+from splitserve.protocol.wire_checks import (
     Bool,
     Choice,
     Float,

@@ -36,7 +36,7 @@ from splitserve.protocol.messages import (
     TokenBatch,
     TokenFinish,
 )
-from splitserve.wire_checks import (
+from splitserve.protocol.wire_checks import (
     INT32_MAX,
     INT64_MAX,
     Choice,
@@ -49,7 +49,7 @@ from splitserve.wire_checks import (
 )
 
 # ---- what each field may hold --------------------------------------------------------------------
-# Beyond its type (checked for every field, list elements included; see splitserve/wire_checks.py),
+# Beyond its type (checked for every field, list elements included; see wire_checks.py),
 # where a handler relies on more. Ints are non-negative int64 unless said here; floats are finite.
 
 MAX_WIRE_STOPS = 64  # stop strings per request (the router allows 16)

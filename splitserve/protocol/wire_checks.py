@@ -1,5 +1,5 @@
 """What a field of a wire message may hold: small specs (Int, Float, Str, Items) that compile into
-the checks the decoder runs on every value it reads (splitserve/protocol/field_specs.py says
+the checks the decoder runs on every value it reads (field_specs.py says
 which field gets which spec).
 
 A check takes the value MessagePack produced and returns it (a float field's int as a float) or
