@@ -1,7 +1,7 @@
 """What operators' tools read from a running server (issue 20): a fake-engine stack, a real
 Prometheus scraping its /metrics, inference-perf (its `vllm` server type, which reads vLLM's
 metric names through that Prometheus) driving it briefly, then one Prometheus query. Writes the
-inference-perf server-metrics report and the query's answer to OUT (docs/ops-evidence).
+inference-perf server-metrics report and the query's answer to OUT (lab/results).
 
     .venv/bin/python bench/ops_evidence.py --inference-perf /work/tools/ip/bin/inference-perf
 
@@ -73,7 +73,7 @@ def main() -> int:
     p.add_argument("--inference-perf", required=True, help="the inference-perf executable")
     p.add_argument("--prometheus", default=shutil.which("prometheus") or "prometheus")
     p.add_argument("--seconds", type=int, default=20, help="how long inference-perf drives load")
-    p.add_argument("--out", default="docs/ops-evidence")
+    p.add_argument("--out", default="lab/results")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="ops-evidence-")
@@ -111,12 +111,13 @@ def main() -> int:
         if run.returncode != 0 or not found:
             raise SystemExit(f"inference-perf exit {run.returncode}, reports {found}: "
                              f"{(run.stdout + run.stderr)[-3000:]}")  # fmt: skip
-        shutil.copy(found[0], os.path.join(args.out, "inference-perf-server-metrics.json"))
+        dated = os.path.join(args.out, time.strftime("%Y-%m-%d-"))  # one result file a run
+        shutil.copy(found[0], f"{dated}inference-perf-server-metrics.json")
         answer = httpx.get(f"{prom_url}/api/v1/query", params={"query": QUERY}, timeout=10).json()
-        with open(os.path.join(args.out, "prometheus-query.txt"), "w") as fh:
+        with open(f"{dated}prometheus-query.txt", "w") as fh:
             fh.write(f"GET {prom_url}/api/v1/query?query={QUERY}\n\n")
             fh.write(json.dumps(answer, indent=1) + "\n")
-        print(f"wrote {args.out}/inference-perf-server-metrics.json and prometheus-query.txt "
+        print(f"wrote {dated}inference-perf-server-metrics.json and {dated}prometheus-query.txt "
               f"(work files in {work})")  # fmt: skip
     finally:
         for proc in reversed(procs):

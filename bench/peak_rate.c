@@ -1,4 +1,4 @@
-/* The most arithmetic this host's cores can do, outside any program (docs/benchmarks.md, "The
+/* The most arithmetic this host's cores can do, outside any program (lab/benchmarks.md, "The
    first token of a burst against the host's arithmetic"): each thread runs independent
    multiply-adds on values held in registers, nothing read from memory, for about a second.
 

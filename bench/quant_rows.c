@@ -1,5 +1,5 @@
 /* The native kernel's quantized products at a decode step's batch sizes, outside XLA
-   (docs/benchmarks.md, "The decode step at sixteen rows: the head and the attention").
+   (lab/benchmarks.md, "The decode step at sixteen rows: the head and the attention").
 
      layers: the default model's 30 layers of q4_1 products (QKV 960 x 576, output 576 x 576,
              gate and up 3072 x 576, down 576 x 1536; 66 MB, random blocks), one after another;

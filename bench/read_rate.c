@@ -1,4 +1,4 @@
-/* What this host's memory gives a float32 decode step, outside XLA (docs/benchmarks.md).
+/* What this host's memory gives a float32 decode step, outside XLA (lab/benchmarks.md).
 
      sizes: a buffer of each size read again and again by plain AVX-512 loads, the best of 10
             passes: where a size still fits the host's caches it reads faster;

@@ -1,5 +1,5 @@
 """The standard benchmark suite: `.venv/bin/python bench/run_suite.py [--quick] [--sections ...]`
-writes docs/benchmarks.md and its plots. The suite lives in splitserve/bench/suite/ (see there);
+writes lab/suite.md and its plots. The suite lives in splitserve/bench/suite/ (see there);
 this is its documented entry point."""
 
 import os

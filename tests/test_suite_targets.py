@@ -1,6 +1,6 @@
-"""The suite's targets table renders from the records a suite run writes (docs/bench/*.json):
+"""The suite's targets table renders from the records a suite run writes (lab/results/suite/*.json):
 one row per target, a verdict in each, and the detok-heavy load's two modes beside the table; and
-the document the suite writes from those records is the committed docs/benchmarks.md."""
+the document the suite writes from those records is the committed lab/suite.md."""
 
 import json
 import pathlib
@@ -15,7 +15,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _section(key):
-    record = json.loads((REPO / "docs" / "bench" / f"{key}.json").read_text())
+    record = json.loads((REPO / "lab" / "results" / "suite" / f"{key}.json").read_text())
     return SectionResult(
         Section(**record["section"]),
         ceiling=record["ceiling"],
@@ -64,7 +64,7 @@ def test_throughput_target_is_the_mean_of_the_saturated_loads_not_the_best():
 def test_the_committed_document_is_what_the_suite_writes_from_its_records(tmp_path):
     """Its targets and every section's text, line for line (not the plots' files, nor the
     seconds a section took, which the records do not keep)."""
-    doc = (REPO / "docs" / "benchmarks.md").read_text()
+    doc = (REPO / "lab" / "suite.md").read_text()
     records = {key: _section(key) for key in ("tiny", "detok", "fake", "smollm2")}
     assert targets(records) in doc
     for res in records.values():

@@ -1,4 +1,4 @@
-"""The standard benchmark suite, in one go: writes docs/benchmarks.md and its plots (docs/bench/).
+"""The standard benchmark suite, in one go: writes lab/suite.md and its plots (lab/results/suite/).
 
     .venv/bin/python bench/run_suite.py            # full: about 15 minutes on 2 CPU cores
     .venv/bin/python bench/run_suite.py --quick    # a few minutes, small sizes
@@ -32,7 +32,7 @@ One idea per module:
 - running.py: a section end to end: the ceiling child, the stacks, the loads between ceilings.
 - results.py: what a section's run leaves, and lookups in it.
 - targets.py: the targets table (one row per target, a verdict each).
-- document.py: docs/benchmarks.md and the JSON records.
+- document.py: lab/suite.md and the JSON records.
 - __main__.py: the command line.
 """
 

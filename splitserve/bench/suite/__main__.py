@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes: a few minutes")
     p.add_argument("--sections", default="tiny,detok,fake,smollm2",
                    help="comma-separated subset of: tiny, detok, fake, smollm2")
-    p.add_argument("--doc", default=os.path.join(REPO, "docs", "benchmarks.md"))
-    p.add_argument("--assets", default=os.path.join(REPO, "docs", "bench"),
+    p.add_argument("--doc", default=os.path.join(REPO, "lab", "suite.md"))
+    p.add_argument("--assets", default=os.path.join(REPO, "lab", "results", "suite"),
                    help="where the PNG plots and JSON records go")
     p.add_argument("--work-dir", help="stack configs and logs (default: a temp dir)")
     args = p.parse_args(argv)

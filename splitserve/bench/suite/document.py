@@ -1,4 +1,4 @@
-"""docs/benchmarks.md: the header (how the run was made, how to read it), the targets, the engine
+"""lab/suite.md: the header (how the run was made, how to read it), the targets, the engine
 ceilings, one part per section with its tables and plots, every latency distribution; and the
 JSON record of each section beside the plots."""
 

@@ -1,4 +1,4 @@
-"""The targets table of docs/benchmarks.md: one row per target of the issue, each with what was
+"""The targets table of lab/suite.md: one row per target of the issue, each with what was
 measured and a verdict, from the sections' results; the detok-heavy load's two modes beside it."""
 
 from __future__ import annotations

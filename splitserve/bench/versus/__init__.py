@@ -2,7 +2,7 @@
 
     python -m splitserve.bench.versus install llama-cpp        # into /work/competitors/llama-cpp
     python -m splitserve.bench.versus run --server splitserve --server llama-cpp \\
-        --concurrency 1,16 --rounds 2 --out-md docs/versus.md
+        --concurrency 1,16 --rounds 2 --out-md versus-table.md
 
 installs.py makes each competitor's virtual environment (outside the repository), servers.py
 knows how to start each server on the default model's GGUF, run.py alternates them under

