@@ -1,5 +1,5 @@
 """The worker roles (processes or threads, per config.mode) plus a RouterCore on the caller's
-event loop: a pipeline driven in-process, without HTTP. Measurements (bench/detok_path.py) and
+event loop: a pipeline driven in-process, without HTTP. Measurements (lab/serving/detok_path.py) and
 the pipeline tests use it; every pipeline has a deadline for readiness and is always stopped.
 """
 

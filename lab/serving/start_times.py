@@ -4,9 +4,9 @@ gap between two lines of its output (issue 20: a cold start shows a line at leas
 Prints one JSON object: each run's seconds and longest gap, and the medians (a shared machine is
 noisy: quote the medians).
 
-    .venv/bin/python bench/start_times.py --runs 2            # the default model
-    .venv/bin/python bench/start_times.py --runs 1 --warm-runs 2
-    .venv/bin/python bench/start_times.py --runs 2 -- --engine fake --tokenizer DIR
+    .venv/bin/python lab/serving/start_times.py --runs 2            # the default model
+    .venv/bin/python lab/serving/start_times.py --runs 1 --warm-runs 2
+    .venv/bin/python lab/serving/start_times.py --runs 2 -- --engine fake --tokenizer DIR
 
 Each cold run gets a fresh --compilation-cache-dir, and a warm run follows it on that cache.
 Everything after `--` goes to `splitserve serve` as it is.
@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from splitserve.launch.ports import free_port  # noqa: E402
 

@@ -12,12 +12,12 @@
 
      gcc -O3 -std=gnu11 -fopenmp -mavx512f -mfma -I splitserve/engine/native \
          -I "$(.venv/bin/python -c 'from jax import ffi; print(ffi.include_dir())')" \
-         bench/read_rate.c splitserve/engine/native/qmatmul_x86.c \
+         lab/engine/read_rate.c splitserve/engine/native/qmatmul_x86.c \
          splitserve/engine/native/ffi_common.c -lm -o /tmp/read_rate
      OMP_NUM_THREADS=2 /tmp/read_rate sizes
      OMP_NUM_THREADS=2 /tmp/read_rate rows
 
-   Compare `rows` with bench/float32_chain.py: the same products through XLA. */
+   Compare `rows` with lab/engine/float32_chain.py: the same products through XLA. */
 
 #include <immintrin.h>
 #include <omp.h>

@@ -3,10 +3,11 @@ in the order a step reads them: each layer's QKV, output, gate/up and down produ
 head) chained through the native kernel's float32 rows at one batch row, in one jitted program.
 What a step would cost if it were nothing but reading its weights through the kernel.
 
-    .venv/bin/python bench/float32_chain.py --model default --threads 2
+    .venv/bin/python lab/engine/float32_chain.py --model default --threads 2
 
-Compare with `bench/read_rate.c` (the same bytes read by plain loops and by the kernel's own row
-code under OpenMP, outside XLA) and with `bench/engine_steps.py ... float32:1` (the whole step).
+Compare with `lab/engine/read_rate.c` (the same bytes read by plain loops and by the kernel's own
+row code under OpenMP, outside XLA) and with `lab/engine/engine_steps.py ... float32:1` (the whole
+step).
 Prints each round's median call and the read rate it implies.
 """
 
@@ -18,7 +19,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def step_shapes(cfg) -> list[tuple[int, int]]:

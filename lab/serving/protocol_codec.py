@@ -1,10 +1,10 @@
 """Micro-benchmark of the wire codec: encode and decode time of the hot messages (a decode step's
 TokenBatch, a detok pass's TextBatch) and of the others, in microseconds per message.
 
-    .venv/bin/python -m tests.bench_protocol
+    .venv/bin/python -m lab.serving.protocol_codec
 
-Not a test (pytest collects test_*.py only): numbers for a before/after comparison of a codec
-change, best of several repeats so that a busy machine disturbs them least.
+Numbers for a before/after comparison of a codec change, best of several repeats so that a busy
+machine disturbs them least.
 """
 
 from __future__ import annotations

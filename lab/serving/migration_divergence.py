@@ -9,7 +9,8 @@ streams whose tokens differ after the move. Whatever the arithmetic does, every 
 with all its tokens, its text exactly the detokenization of the ids received, and its ids equal
 to the undisturbed run's up to the move: the script fails (exit 1) if not.
 
-    .venv/bin/python bench/migration_divergence.py [--model default] [--streams 32] [--tokens 64]
+    .venv/bin/python lab/serving/migration_divergence.py [--model default] [--streams 32] \
+        [--tokens 64]
 """
 
 from __future__ import annotations

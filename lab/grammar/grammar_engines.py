@@ -1,5 +1,5 @@
 """Grammar engines compared on the default model's vocabulary (SmolLM2, 49,152 tokens):
-`.venv/bin/python bench/grammar_engines.py [--engines llguidance outlines-core]`.
+`.venv/bin/python lab/grammar/grammar_engines.py [--engines llguidance outlines-core]`.
 
 For each schema of tests/schema_corpus.py (and json_object mode's {"type": "object"}): the
 grammar's compile time, and the time of each
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from splitserve.engine.default_model import default_model_path  # noqa: E402
 from splitserve.engine.fake import fake_order  # noqa: E402

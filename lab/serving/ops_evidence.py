@@ -3,7 +3,7 @@ Prometheus scraping its /metrics, inference-perf (its `vllm` server type, which 
 metric names through that Prometheus) driving it briefly, then one Prometheus query. Writes the
 inference-perf server-metrics report and the query's answer to OUT (lab/results).
 
-    .venv/bin/python bench/ops_evidence.py --inference-perf /work/tools/ip/bin/inference-perf
+    .venv/bin/python lab/serving/ops_evidence.py --inference-perf /work/tools/ip/bin/inference-perf
 
 inference-perf needs Python 3.12 and is no dependency of splitserve: install it in a venv of its
 own (`python3.12 -m venv /work/tools/ip && /work/tools/ip/bin/pip install inference-perf`).
@@ -26,7 +26,7 @@ import time
 import httpx
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from splitserve.launch.ports import free_port  # noqa: E402
 from splitserve.tokenizers.synthetic import build_synthetic_tokenizer  # noqa: E402

@@ -2,7 +2,7 @@
 prompts (the engine alone, batched as the prefill worker batches them) and the greedy answers
 each gives the same chat questions (the decode side the same for all: the model's own form).
 
-    .venv/bin/python bench/prefill_formats.py --threads 1 float32 bfloat16-xla
+    .venv/bin/python lab/engine/prefill_formats.py --threads 1 float32 bfloat16-xla
 
 Rounds alternate the formats, so that a busy host slows them alike; the burst's time is the
 median over rounds. The answers are compared with the first format's, token for token.
@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 QUESTIONS = (
     "What is the capital of France?", "Write a haiku about the sea.", "Name three colours.",

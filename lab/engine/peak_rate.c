@@ -12,7 +12,7 @@
 
    Build and run (one thread per core; a CPU without AVX512-BF16 runs the float32 line only):
 
-     gcc -O2 -march=native -pthread bench/peak_rate.c -o /tmp/peak_rate && /tmp/peak_rate 2 */
+     gcc -O2 -march=native -pthread lab/engine/peak_rate.c -o /tmp/peak_rate && /tmp/peak_rate 2 */
 
 #include <immintrin.h>
 #include <pthread.h>

@@ -4,8 +4,8 @@ timeout, then SIGCONTed) mid-stream; per stream, the longest gap between two chu
 JSON object: per failure, p50 / p99 / max of those longest gaps, and whether every stream still
 ended with all its tokens.
 
-    .venv/bin/python bench/migration_pause.py --engine fake --streams 32 --max-tokens 400
-    .venv/bin/python bench/migration_pause.py --engine jax --model random:tiny-7m \
+    .venv/bin/python lab/serving/migration_pause.py --engine fake --streams 32 --max-tokens 400
+    .venv/bin/python lab/serving/migration_pause.py --engine jax --model random:tiny-7m \
         --tokenizer DIR --streams 32
 """
 
@@ -24,7 +24,7 @@ import time
 
 import httpx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from splitserve.launch.ports import free_port  # noqa: E402
 from splitserve.stats import quantiles  # noqa: E402

@@ -2,7 +2,7 @@
 default model with 16 live slots, none constrained against one with a JSON-schema grammar (and
 one with penalties and top logprobs instead), and the constrained request's own tokens/s.
 
-    .venv/bin/python bench/constrained_step.py [--steps 10] [--rounds 9] [--threads 1]
+    .venv/bin/python lab/grammar/constrained_step.py [--steps 10] [--rounds 9] [--threads 1]
 
 Slot 0 is driven as the decode worker drives it (decode_worker/constrained.py): SlotGrammars
 computes its next mask on a thread from the moment a step's tokens are known, the engine waits
@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 SLOTS, CAPACITY, CONTEXT = 16, 256, 120
 SCHEMA = "langchain_style"  # tests/schema_corpus.py

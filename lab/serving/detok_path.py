@@ -1,7 +1,7 @@
 """Measure the cost of the detok path in a short run: TokenBatch messages per decode step and
 microseconds of detok-worker work per token. Prints one JSON object.
 
-    .venv/bin/python bench/detok_path.py --mode processes --requests 256 --max-tokens 256
+    .venv/bin/python lab/serving/detok_path.py --mode processes --requests 256 --max-tokens 256
 
 Uses the fake engine (no model compute), real worker processes (or threads) and real sockets,
 with a synthetic 8,000-id tokenizer; the figures come from the workers' own heartbeats.
@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from router.requests import RequestParams  # noqa: E402
 from splitserve.launch.pipeline import fake_engine_config, pipeline  # noqa: E402

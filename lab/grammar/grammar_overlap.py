@@ -1,5 +1,5 @@
 """How much of a grammar mask's cost the decode loop hides: `.venv/bin/python
-bench/grammar_overlap.py [--steps 200] [--step-ms 20]`.
+lab/grammar/grammar_overlap.py [--steps 200] [--step-ms 20]`.
 
 A FakeEngine over the default model's vocabulary (49,152 tokens) with a full batch (16 slots),
 each step's "model pass" a sleep of --step-ms (it releases the GIL, as a device wait does), runs
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from splitserve.engine.default_model import default_model_path  # noqa: E402
 from splitserve.engine.fake import FakeEngine  # noqa: E402

@@ -1,7 +1,7 @@
 """The decode step of engine variants, measured against each other in one process: weight format,
 live slots, steps per dispatch, attention kernel. Prints a markdown table.
 
-    .venv/bin/python bench/engine_steps.py --model default --threads 1 \\
+    .venv/bin/python lab/engine/engine_steps.py --model default --threads 1 \\
         gguf:1 gguf:4 gguf:16 float32:1 float32:4 float32:16
 
 A variant is FORMAT:LIVE[:STEPS[:ATTENTION[:SLOTS[:PAGES]]]] (FORMAT a weight format, or
@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def parse_variant(text: str, slots: int) -> tuple[str, int, int, str, int, bool]:

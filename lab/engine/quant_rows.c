@@ -14,7 +14,7 @@
 
      gcc -O3 -std=gnu11 -I splitserve/engine/native \
          -I "$(.venv/bin/python -c 'from jax import ffi; print(ffi.include_dir())')" \
-         bench/quant_rows.c splitserve/engine/native/qmatmul_x86.c \
+         lab/engine/quant_rows.c splitserve/engine/native/qmatmul_x86.c \
          splitserve/engine/native/ffi_common.c -lm -o /tmp/quant_rows
      /tmp/quant_rows head 1 4 8 16 32 64
      /tmp/quant_rows layers 1 4 16 */
