@@ -15,7 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import save_file
 
-from splitserve.bench.versus.hf_copy import export, write_tokenizer
+from lab.versus.hf_copy import export, write_tokenizer
 from splitserve.engine import llama_model
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine, load_model
@@ -365,7 +365,7 @@ def test_an_engine_of_one_side_prepares_only_its_weights(tmp_path):
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_a_hugging_face_copy_of_a_gguf_file_is_the_same_model(tmp_path, tied):
-    """bench's float32 copy for vLLM (splitserve/bench/versus/hf_copy.py): the folder loads into
+    """The lab's float32 copy for vLLM (lab/versus/hf_copy.py): the folder loads into
     exactly the GGUF file's canonical weights and config, so its logits are the reference's."""
     path = str(tmp_path / "m.gguf")
     stored = write_gguf(path, _weights(1, tied))

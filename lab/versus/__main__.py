@@ -1,4 +1,4 @@
-"""python -m splitserve.bench.versus install NAME | run --server ... (see __init__.py)."""
+"""python -m lab.versus install NAME | run --server ... (see __init__.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from splitserve.bench.versus.installs import DEFAULT_ROOT, PACKAGES, install, install_llama_server
-from splitserve.bench.versus.run import run_all, table
+from lab.versus.installs import DEFAULT_ROOT, PACKAGES, install, install_llama_server
+from lab.versus.run import run_all, table
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -15,7 +15,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m splitserve.bench.versus")
+    ap = argparse.ArgumentParser(prog="python -m lab.versus")
     ap.add_argument("--root", default=DEFAULT_ROOT, help="where competitor venvs live")
     sub = ap.add_subparsers(dest="cmd", required=True)
     inst = sub.add_parser("install", help="make a competitor's virtual environment")
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             return install_llama_server(args.root)
         return install(args.name, args.root)
     if args.cmd == "hf-copy":
-        from splitserve.bench.versus.hf_copy import export
+        from lab.versus.hf_copy import export
         from splitserve.engine.default_model import default_model_path
 
         print(export(args.model or default_model_path(), args.out_dir))

@@ -8,8 +8,8 @@ import statistics
 import tempfile
 from typing import Any
 
+from lab.versus.servers import Server, ServerSpec
 from splitserve.bench.runner import BenchSettings, run_benchmark
-from splitserve.bench.versus.servers import Server, ServerSpec
 
 FIGURES = (("output_tokens_per_s", "tok/s"), ("ttft_p50", "TTFT p50 s"), ("ttft_p90", "TTFT p90 s"))
 

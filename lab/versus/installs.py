@@ -46,7 +46,7 @@ def install(name: str, root: str = DEFAULT_ROOT) -> int:
     """Make the environment (if missing) and pip-install the competitor; pip's exit status."""
     if name not in PACKAGES:
         raise ValueError(f"unknown competitor {name!r}: {', '.join(PACKAGES)}")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     venv = venv_of(name, root)
     if os.path.commonpath([os.path.abspath(venv), repo]) == repo:
         raise ValueError(f"{venv} is inside the repository: competitors live outside it")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from lab.versus.installs import DEFAULT_ROOT, python_of
 from splitserve.bench.scrape import scrape
-from splitserve.bench.versus.installs import DEFAULT_ROOT, python_of
 
 # what answers 200 once a server serves: splitserve's and vLLM's /health waits for the whole
 # pipeline (splitserve's /v1/models answers while workers still compile); llama-cpp-python's

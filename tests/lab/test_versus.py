@@ -1,4 +1,4 @@
-"""bench's runner against other servers (splitserve/bench/versus/): what each server spec means,
+"""The lab's runner against other servers (lab/versus/): what each server spec means,
 the command each server gets, and the table's medians and ratios. (The servers themselves run in
 the benchmark, not here: they are installed outside the repository, when asked.)"""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.bench.versus.installs import llama_server_binary, llama_server_build
-from splitserve.bench.versus.run import table
-from splitserve.bench.versus.servers import ServerSpec, command
+from lab.versus.installs import llama_server_binary, llama_server_build
+from lab.versus.run import table
+from lab.versus.servers import ServerSpec, command
 
 
 def test_server_specs():
@@ -74,7 +74,7 @@ def test_a_round_runs_a_real_server_and_makes_its_log_dir(tokenizer_512, tmp_pat
     every concurrency, and stops the server."""
     from types import SimpleNamespace
 
-    from splitserve.bench.versus.run import run_all
+    from lab.versus.run import run_all
     from splitserve.launch.ports import free_port
 
     config = tmp_path / "cluster.toml"

@@ -5,7 +5,7 @@ the tokenizer the GGUF file carries as tokenizer.json with its chat template). A
 model (the 7M checkpoint: random:tiny-7m) gets the synthetic byte-level tokenizer of its
 vocabulary size (tokenizers/synthetic.py, the one the tests use), so both servers read one folder.
 
-    python -m splitserve.bench.versus hf-copy OUT_DIR [--model PATH]
+    python -m lab.versus hf-copy OUT_DIR [--model PATH]
 
 The weights are splitserve's canonical ones (engine/llama_model.py), so the rotary permutation
 llama.cpp's converter applied is undone already; this writes them back in the Hugging Face names

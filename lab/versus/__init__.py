@@ -1,7 +1,7 @@
 """splitserve against other servers (issue 18 point 6): the same client and load, one session.
 
-    python -m splitserve.bench.versus install llama-cpp        # into /work/competitors/llama-cpp
-    python -m splitserve.bench.versus run --server splitserve --server llama-cpp \\
+    python -m lab.versus install llama-cpp        # into /work/competitors/llama-cpp
+    python -m lab.versus run --server splitserve --server llama-cpp \\
         --concurrency 1,16 --rounds 2 --out-md versus-table.md
 
 installs.py makes each competitor's virtual environment (outside the repository), servers.py
