@@ -257,9 +257,12 @@ def test_build_identity_names_the_engine_code(monkeypatch, tmp_path):
     before = executables.build_identity()
     fake_dir = tmp_path / "engine"
     fake_dir.mkdir()
-    for name in ("a.py", "b.so"):
+    (fake_dir / "model").mkdir()
+    for name in ("a.py", "b.so", "model/c.py"):
         (fake_dir / name).write_text("one")
     monkeypatch.setattr(executables, "_ENGINE_DIR", str(fake_dir))
     one = executables.build_identity()
     (fake_dir / "a.py").write_text("two")
-    assert len({before, one, executables.build_identity()}) == 3
+    two = executables.build_identity()
+    (fake_dir / "model" / "c.py").write_text("two")  # a sub-package's file counts as well
+    assert len({before, one, two, executables.build_identity()}) == 4

@@ -72,13 +72,23 @@ def build_identity() -> str:
                  str(jax.config.jax_enable_x64),
                  str(jax.config.jax_default_matmul_precision)):  # fmt: skip
         h.update(part.encode() + b"\0")
-    # the engine's code (any .py of this package, and the native kernel it calls) shapes the
-    # programs: an edited file must never meet an executable compiled from the old one
-    for name in sorted(os.listdir(_ENGINE_DIR)):
-        if name.endswith(".py") or name.endswith(".so"):
-            with open(os.path.join(_ENGINE_DIR, name), "rb") as f:
-                h.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    # the engine's code (any .py of this package and its sub-packages, and the native kernel
+    # it calls) shapes the programs: an edited file must never meet an executable compiled
+    # from the old one
+    for name in _engine_files(_ENGINE_DIR):
+        with open(os.path.join(_ENGINE_DIR, name), "rb") as f:
+            h.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
     return h.hexdigest()
+
+
+def _engine_files(root: str) -> list[str]:
+    """The .py and .so files under root, as sorted paths relative to it."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found += [os.path.relpath(os.path.join(folder, name), root) for name in files
+                  if name.endswith((".py", ".so"))]  # fmt: skip
+    return sorted(found)
 
 
 def _cpu_flags() -> str:
