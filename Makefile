@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint install clean deploy-configs image-test
+.PHONY: serve test lint install clean deploy-configs image-test bench-suite
 
 $(STAMP): setup.cfg pyproject.toml setup.py $(wildcard splitserve/engine/native/*.[ch])
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	# the modules in the order tests/conftest.py gives them, not by their test counts
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
+
+# The standard benchmark suite (lab/suite/, never installed): writes lab/suite.md and its plots
+# and records in lab/results/suite/; about 15 minutes on 2 cores (ARGS=--quick: a few).
+bench-suite: $(STAMP)
+	$(PY) -m lab.suite $(ARGS)
 
 # the shipped supervisord configs, generated from the shipped cluster files (a test checks them)
 deploy-configs: $(STAMP)

@@ -9,7 +9,8 @@ One idea per module:
 - stats.py: the per-run summary (throughput, TTFT, ITL, TPOT, end-to-end).
 - scrape.py: the server's /metrics before and after a run: decode step gap and step time.
 - ceiling/: `--ceiling`, the engine alone at a slot count and context length (the one home
-  of the ceiling: its measurement, the probe, the child process a suite keeps up).
+  of the ceiling: its measurement, and the probe a benchmark suite keeps up between its loads).
 - report.py, plots.py: JSON, a Markdown table, PNG plots.
-- runner.py: one benchmark (several loads) end to end; what `__main__` and the suite call.
+- runner.py: one benchmark (several loads) end to end; what `__main__` calls, and the lab's
+  suite and runners (lab/, outside the package).
 """

@@ -1,5 +1,6 @@
 """One benchmark end to end: for each load (a concurrency or a rate), read /metrics, send the
-requests, read /metrics again, and summarize. `splitserve bench` and bench/run_suite.py call this.
+requests, read /metrics again, and summarize. `splitserve bench` and the lab's suite (lab/suite/)
+call this.
 
 1. Check the endpoint answers (/health) and send a few warm-up requests (not measured).
 2. Per load: scrape /metrics, run the load with a progress bar, wait one heartbeat or two so

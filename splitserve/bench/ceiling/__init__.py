@@ -4,6 +4,6 @@ measured against its tokens/s; time to first token at concurrency 1 against its 
 
 - measure.py: the measurement, through the Engine interface.
 - probe.py: the engine built as a worker builds it, measured as often as asked, with settings.
-- process.py: the probe in a child process that stays up, measured between a suite's loads.
-- command.py: `splitserve bench --ceiling [--probe]`.
+- command.py: `splitserve bench --ceiling [--probe]` (the lab's suite keeps a probe up in a child
+  process and measures it between its loads: lab/suite/ceiling_process.py).
 """

@@ -1,10 +1,11 @@
 """The standard benchmark suite, in one go: writes lab/suite.md and its plots (lab/results/suite/).
+From the checkout's root (`make bench-suite` runs the first):
 
-    .venv/bin/python bench/run_suite.py            # full: about 15 minutes on 2 CPU cores
-    .venv/bin/python bench/run_suite.py --quick    # a few minutes, small sizes
-    .venv/bin/python bench/run_suite.py --sections tiny,fake --doc /tmp/b.md --assets /tmp/b
+    .venv/bin/python -m lab.suite            # full: about 15 minutes on 2 CPU cores
+    .venv/bin/python -m lab.suite --quick    # a few minutes, small sizes
+    .venv/bin/python -m lab.suite --sections tiny,fake --doc b.md --assets b
 
-(`python -m splitserve.bench.suite` is the same.) Sections (each one stack per mode, started by
+Sections (each one stack per mode, started by
 the launcher as `splitserve serve` starts it, and always stopped):
  1. tiny: random:tiny-7m (8,000-id synthetic tokenizer): the engine ceiling at the served slot
     count and mean context, then served throughput at concurrency 1, 16, 64, 128 in processes
@@ -33,9 +34,11 @@ One idea per module:
 - results.py: what a section's run leaves, and lookups in it.
 - targets.py: the targets table (one row per target, a verdict each).
 - document.py: lab/suite.md and the JSON records.
+- ceiling_process.py: the engine ceiling (`splitserve bench --ceiling --probe`) in a child
+  process that stays up, measured between the loads.
 - __main__.py: the command line.
 """
 
 from pathlib import Path
 
-REPO = str(Path(__file__).resolve().parents[3])  # the checkout: docs/ and git live there
+REPO = str(Path(__file__).resolve().parents[2])  # the checkout: lab/ and git live there

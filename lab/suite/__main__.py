@@ -1,5 +1,5 @@
-"""`python -m splitserve.bench.suite` (and bench/run_suite.py): run the suite's sections and
-write the document; exit status 1 when any section recorded an error."""
+"""`python -m lab.suite`: run the suite's sections and write the document; exit status 1 when
+any section recorded an error."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import sys
 import tempfile
 import time
 
-from splitserve.bench import suite
-from splitserve.bench.suite import REPO
-from splitserve.bench.suite.cpus import Cpus
-from splitserve.bench.suite.document import SuiteRun, write_doc
-from splitserve.bench.suite.results import SectionResult
-from splitserve.bench.suite.running import run_section
-from splitserve.bench.suite.sections import sections
+from lab import suite
+from lab.suite import REPO
+from lab.suite.cpus import Cpus
+from lab.suite.document import SuiteRun, write_doc
+from lab.suite.results import SectionResult
+from lab.suite.running import run_section
+from lab.suite.sections import sections
 
-log = logging.getLogger("splitserve.bench.suite")
+log = logging.getLogger("lab.suite")
 
 
 def configure_logging() -> None:
@@ -33,7 +33,7 @@ def configure_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/run_suite.py", description=suite.__doc__,
+    p = argparse.ArgumentParser(prog="python -m lab.suite", description=suite.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--quick", action="store_true", help="small sizes: a few minutes")
     p.add_argument("--sections", default="tiny,detok,fake,smollm2",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.bench.suite.sections import Section
+from lab.suite.sections import Section
 
 
 @dataclass

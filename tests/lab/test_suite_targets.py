@@ -6,12 +6,12 @@ import json
 import pathlib
 import re
 
-from splitserve.bench.suite.document import section_doc
-from splitserve.bench.suite.results import SectionResult
-from splitserve.bench.suite.sections import Section
-from splitserve.bench.suite.targets import targets, throughput_row
+from lab.suite.document import section_doc
+from lab.suite.results import SectionResult
+from lab.suite.sections import Section
+from lab.suite.targets import targets, throughput_row
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _section(key):

@@ -8,14 +8,14 @@ import os
 import time
 from typing import Any
 
-from splitserve.bench.ceiling.process import CeilingProcess, CeilingProcessError, pin_to
+from lab.suite import REPO
+from lab.suite.brackets import bracketed, compact
+from lab.suite.ceiling_process import CeilingProcess, CeilingProcessError, pin_to
+from lab.suite.cpus import Cpus
+from lab.suite.results import SectionResult, all_runs
+from lab.suite.sections import Section, bench_settings
+from lab.suite.stacks import SuiteStack, start_stack
 from splitserve.bench.runner import fraction_of_ceiling, run_benchmark
-from splitserve.bench.suite import REPO
-from splitserve.bench.suite.brackets import bracketed, compact
-from splitserve.bench.suite.cpus import Cpus
-from splitserve.bench.suite.results import SectionResult, all_runs
-from splitserve.bench.suite.sections import Section, bench_settings
-from splitserve.bench.suite.stacks import SuiteStack, start_stack
 
 log = logging.getLogger(__name__)
 

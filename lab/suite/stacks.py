@@ -9,8 +9,8 @@ import tempfile
 import time
 from typing import Any
 
-from splitserve.bench.suite.cpus import Cpus
-from splitserve.bench.suite.sections import Section
+from lab.suite.cpus import Cpus
+from lab.suite.sections import Section
 from splitserve.config import config_from_dict
 from splitserve.launch.health import StackNotReady, health_url, wait_ready
 from splitserve.launch.ports import free_port

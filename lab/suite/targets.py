@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from lab.suite.results import SectionResult, find_run, server_figures
 from splitserve.bench import report
-from splitserve.bench.suite.results import SectionResult, find_run, server_figures
 
 
 def targets(results: dict[str, SectionResult]) -> str:
