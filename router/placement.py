@@ -19,7 +19,7 @@ and stamped on it; later hops read the stamps and never choose.
 Both loads are the router's own count of what it has placed, exact at every admission; the
 heartbeats (slots, liveness) say who may be chosen. Ties go round-robin. The policy "round_robin"
 (router.placement) ignores load and takes the live workers in turn: the baseline the benchmark
-(splitserve/bench/scaleout.py) measures the load policy against.
+(lab/serving/scaleout.py) measures the load policy against.
 """
 
 from __future__ import annotations

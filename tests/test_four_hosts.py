@@ -1,7 +1,7 @@
 """Four hosts for real: the shipped deploy/four-hosts.toml (2 prefill hosts, 2 decode hosts, the
 router on prefill-a, half the detok pool on each decode host; and again with the whole pool on
 one decode host) with the fake engine, each host a Linux network namespace on one bridge
-(splitserve/bench/netns.py) started with deploy/launch.sh from the one cluster file, every tcp
+(lab/hosts/netns.py) started with deploy/launch.sh from the one cluster file, every tcp
 link over CURVE with keys from `splitserve keys generate`. Many streams, each with its own
 prompt, must stream exactly the fake engine's full decode, and every prefill and decode worker
 must have served some. Then SIGTERM stops each host, leaving nothing running. Needs root to make
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from splitserve.bench.netns import Hosts
+from lab.hosts.netns import Hosts
 from splitserve.tokenizers import load_tokenizer
 from tests.pipeline_util import expected_fake_tokens
 from tests.sse_client import distinct_prompt

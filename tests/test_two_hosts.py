@@ -1,4 +1,4 @@
-"""Two hosts for real: two Linux network namespaces on one bridge (splitserve.bench.netns),
+"""Two hosts for real: two Linux network namespaces on one bridge (lab.hosts.netns),
 deploy/launch.sh run in each (prefill-host: router + prefill; decode-host: decode + the detok
 pool), completions streamed through the router. The KV cache and the tokens cross between the
 two network stacks, over CURVE (keys made by `splitserve keys generate`: the file's addresses
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from splitserve.bench.netns import Hosts
+from lab.hosts.netns import Hosts
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@
    system prompts of 1,024 tokens in turn, each worker's cache big enough for about 5 of them,
    so where a prompt goes decides whether its prefix is there.
 
-    .venv/bin/python -m splitserve.bench.prefix --out-json prefix.json   # both parts
-    .venv/bin/python -m splitserve.bench.prefix --part placement         # the fake one only
+    .venv/bin/python -m lab.serving.prefix --out-json prefix.json   # both parts
+    .venv/bin/python -m lab.serving.prefix --part placement         # the fake one only
 
 Figures are medians and ratios from one run; the machine is shared, so expect noise.
 """

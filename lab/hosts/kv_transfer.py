@@ -1,12 +1,12 @@
 """KV transfer between two hosts: a prefix of the default model's KV layout (SmolLM2-135M: K and V
 of 30 layers x 3 KV heads x 64 dims, float32: 46,080 bytes a token), sent from a "prefill" process
-in one network namespace to a "decode" process in another (splitserve/bench/netns.py: veth links
+in one network namespace to a "decode" process in another (lab/hosts/netns.py: veth links
 through a bridge, real TCP stacks), with and without CURVE, through the workers' own transport
-(splitserve/bench/kv_peer.py). Prints a table of bytes, median and p90 time, throughput, the
+(lab/hosts/kv_peer.py). Prints a table of bytes, median and p90 time, throughput, the
 time the sending loop spends (median), and copies per prompt length, and the raw figures as JSON
 with --json. Needs root (namespaces).
 
-    .venv/bin/python -m splitserve.bench.kv_transfer --repeats 15
+    .venv/bin/python -m lab.hosts.kv_transfer --repeats 15
 
 Copies: "splitserve" is what this code checks on every transfer (the frames sent are the
 arrays' own memory; the arrays rebuilt are the received frames' memory). What libzmq does
@@ -27,13 +27,14 @@ import time
 
 import numpy as np
 
-from splitserve.bench.kv_peer import layout
-from splitserve.bench.netns import Hosts
+from lab.hosts.kv_peer import layout
+from lab.hosts.netns import Hosts
 from splitserve.engine.default_model import default_model_path
 from splitserve.engine.weights_gguf import config_from_gguf, read_gguf
 from splitserve.security import generate_keys
 
 SUBNET = "10.213.31"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PORT, ACK_PORT = 5552, 5553
 
 
@@ -48,19 +49,19 @@ def default_layout() -> str:
 def measure(spec: str, lengths: list[int], repeats: int, curve: bool) -> list[dict]:
     """One run of kv_peer's two ends, each in its namespace; the sender's JSON lines."""
     with tempfile.TemporaryDirectory() as keys, Hosts(["prefill", "decode"], SUBNET) as hosts:
-        peer = [sys.executable, "-m", "splitserve.bench.kv_peer"]
+        peer = [sys.executable, "-m", "lab.hosts.kv_peer"]  # from the checkout (cwd=REPO)
         common = ["--acks", f"tcp://{hosts.address['prefill']}:{ACK_PORT}", "--layout", spec]
         if curve:
             generate_keys(keys, ["prefill-0", "decode-0"])
             common += ["--keys", keys]
         to = f"tcp://{hosts.address['decode']}:{PORT}"
-        receiver = hosts.popen("decode", [*peer, "receive", "--bind", to, *common])
+        receiver = hosts.popen("decode", [*peer, "receive", "--bind", to, *common], cwd=REPO)
         try:
             time.sleep(1.0)  # bound before the sender's first connect (it would retry anyway)
             cmd = [*peer, "send", "--to", to, *common, "--repeats", str(repeats), "--lengths",
                    *map(str, lengths)]  # fmt: skip
             out = subprocess.run(hosts.command("prefill", cmd), capture_output=True, text=True,
-                                 timeout=1800)  # fmt: skip
+                                 timeout=1800, cwd=REPO)  # fmt: skip
             if out.returncode != 0:
                 raise RuntimeError(f"sender failed: {out.stderr[-2000:]}")
             return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

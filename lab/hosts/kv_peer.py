@@ -1,11 +1,11 @@
-"""The two ends of the KV transfer benchmark (splitserve/bench/kv_transfer.py), each its own
+"""The two ends of the KV transfer benchmark (lab/hosts/kv_transfer.py), each its own
 process, run in its own network namespace. They use the workers' own transport: the sender
 sends a PrefixHeader and its arrays through transport.Sender as prefill_worker's send_prefix
 does (protocol.encode, then send_frames: copy=False); the receiver takes them through
 transport.Receiver.drain_from and protocol.arrays_from_frames as decode_worker does.
 
-    python -m splitserve.bench.kv_peer receive --bind tcp://10.0.0.2:5552 --acks tcp://10.0.0.1:5553
-    python -m splitserve.bench.kv_peer send --to tcp://10.0.0.2:5552 --acks tcp://10.0.0.1:5553 \
+    python -m lab.hosts.kv_peer receive --bind tcp://10.0.0.2:5552 --acks tcp://10.0.0.1:5553
+    python -m lab.hosts.kv_peer send --to tcp://10.0.0.2:5552 --acks tcp://10.0.0.1:5553 \
         --layout 30,3,64,float32 --lengths 128 512 2048 --repeats 10
 
 Each transfer is acknowledged (over a plain socket of its own, outside what is measured) before

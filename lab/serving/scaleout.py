@@ -4,7 +4,7 @@ accelerator would, so a decode worker costs almost no CPU). D decode workers sho
 times the tokens/s of one. A second table compares the router's placement policies (load against
 round-robin) on decode workers of unequal size.
 
-    .venv/bin/python -m splitserve.bench.scaleout            # prints JSON and a markdown table
+    .venv/bin/python -m lab.serving.scaleout            # prints JSON and a markdown table
 
 Each topology is its own stack (the launcher's ProcessStack, the same processes `splitserve
 serve` starts), loaded by `splitserve bench`'s client at twice its total slots in flight.
