@@ -43,7 +43,7 @@ from router.core import RouterCore
 from router.http import build_app
 from router.http.connections import ConnectionGuard, connection_capacity, guarded_protocol
 from splitserve.config import ClusterConfig, load_config
-from splitserve.config_checks import check_admin_key
+from splitserve.config.checks import check_admin_key
 from splitserve.model_source import check_model
 from splitserve.procutil import (
     ADMIN_KEY_ENV,

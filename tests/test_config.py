@@ -96,7 +96,7 @@ def test_batching_keys_are_checked_at_load(model):
 
 
 def test_the_weight_formats_are_the_engines_own():
-    from splitserve.config_checks import WEIGHT_FORMATS
+    from splitserve.config.checks import WEIGHT_FORMATS
     from splitserve.engine.quant import WEIGHT_FORMATS as ENGINE_FORMATS
 
     assert WEIGHT_FORMATS == ("auto", *ENGINE_FORMATS)
@@ -110,7 +110,7 @@ def test_a_weight_format_is_checked_at_load(fmt):
 
 
 def test_the_prefill_weight_formats_are_the_engines_own():
-    from splitserve.config_checks import PREFILL_WEIGHT_FORMATS
+    from splitserve.config.checks import PREFILL_WEIGHT_FORMATS
     from splitserve.engine.quant import BF16_NATIVE, BF16_XLA
 
     assert set(PREFILL_WEIGHT_FORMATS) == {"auto", "float32", BF16_XLA, BF16_NATIVE}

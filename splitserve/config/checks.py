@@ -1,5 +1,5 @@
 """The checks of a cluster file's values beyond their types, applied once as it is loaded
-(splitserve/config.py): endpoints well-formed and each receiver's own, tcp beyond loopback only
+(loading.py): endpoints well-formed and each receiver's own, tcp beyond loopback only
 with CURVE keys, secrets readable by their owner alone, connection limits that leave room,
 CPU lists, served model names."""
 
@@ -9,11 +9,16 @@ import dataclasses
 import os
 from typing import Any
 
+from splitserve.config.sections import (
+    Addresses,
+    LifecycleConfig,
+    ModelConfig,
+    RouterConfig,
+    SecurityConfig,
+)
 from splitserve.endpoints import is_loopback, parse_endpoint
 from splitserve.secret_files import read_secret_file
 
-# The checks take splitserve.config's dataclasses (Addresses, RouterConfig, SecurityConfig) as
-# values, typed Any here: config.py imports this module, and the types would tie it back.
 ROLES = ("router", "prefill", "decode", "detok")
 WORKER_ROLES = ("prefill", "decode", "detok")
 
@@ -24,7 +29,7 @@ def check_private(path: str, what: str) -> None:
         raise ValueError(f"{path}: {what} must be readable by its owner only: chmod 600 it")
 
 
-def router_with_key(router: Any) -> Any:
+def router_with_key(router: RouterConfig) -> RouterConfig:
     """[router] with its API key and admin key read from api_key_file and admin_key_file when
     they are named (and checked private); the two keys must differ."""
     for field in ("api_key", "admin_key"):
@@ -38,20 +43,22 @@ def router_with_key(router: Any) -> Any:
     return check_admin_key(router)
 
 
-def check_admin_key(router: Any) -> Any:
+def check_admin_key(router: RouterConfig) -> RouterConfig:
     """The admin key is the operator's: a client holding the API key must not hold it too."""
     if router.admin_key and router.admin_key == router.api_key:
         raise ValueError("the admin key must differ from the API key (clients hold that one)")
     return router
 
 
-def check_detok_worker_mib(router: Any) -> None:
+def check_detok_worker_mib(router: RouterConfig) -> None:
     mib = router.detok_worker_mib
     if isinstance(mib, bool) or not isinstance(mib, int | float) or mib < 0:
         raise ValueError("[router] detok_worker_mib must be a size in MiB >= 0 (0: measured)")
 
 
-def check_transport_security(addresses: Any, security: Any, mode: str) -> None:
+def check_transport_security(
+    addresses: Addresses, security: SecurityConfig, mode: str
+) -> None:
     """Safe by default: a tcp endpoint reachable from the network needs CURVE keys. Without them
     any process that reaches a worker's port could end its streams or rewrite a client's answer.
     Loopback tcp is allowed without keys (one host: only local processes reach it), ipc sockets
@@ -108,7 +115,7 @@ def parse_role_cpus(raw: Any, where: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def check_connection_limits(router: Any) -> None:
+def check_connection_limits(router: RouterConfig) -> None:
     for name in ("header_timeout_s", "body_timeout_s"):
         value = getattr(router, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
@@ -124,7 +131,7 @@ def check_connection_limits(router: Any) -> None:
         raise ValueError("[router] max_connections must exceed max_running + max_queued")
 
 
-def check_addresses(addresses: Any) -> None:
+def check_addresses(addresses: Addresses) -> None:
     """Every endpoint well-formed (splitserve/endpoints.py), and each receiver's its own."""
     named = [("[addresses] router", addresses.router)]
     for role in WORKER_ROLES:
@@ -145,7 +152,7 @@ MAX_SLOTS = 4096
 MAX_DECODE_STEPS = 32  # a stop string or an abort waits for the chunk in flight: keep it short
 
 
-def check_slots(model: Any) -> None:
+def check_slots(model: ModelConfig) -> None:
     """The decode slot count and the KV budget "auto" sizes it from, at load: a bad one would
     only show as a decode worker that fails to start."""
     slots = model.num_slots
@@ -156,7 +163,7 @@ def check_slots(model: Any) -> None:
         raise ValueError("[model] kv_cache_mib must be a size in MiB above 0")
 
 
-def check_engine_batching(model: Any) -> None:
+def check_engine_batching(model: ModelConfig) -> None:
     """The workers' batching keys, at load: a bad one would only show as a failed warm-up."""
     budget, steps = model.prefill_batch_tokens, model.decode_steps
     if type(budget) is not int or not 0 <= budget <= 1 << 20:
@@ -170,7 +177,7 @@ def check_engine_batching(model: Any) -> None:
         raise ValueError("[model] huge_pages must be true or false")
 
 
-def check_engine_threads(model: Any) -> None:
+def check_engine_threads(model: ModelConfig) -> None:
     """The engines' XLA thread counts, at load: a bad one would only show as a worker that
     fails to start (or silently runs on every CPU)."""
 
@@ -198,7 +205,7 @@ PREFILL_WEIGHT_FORMATS = ("auto", "float32", "bfloat16-xla", "bfloat16-native")
 RENAMED_PREFILL_WEIGHT_FORMATS = {"bfloat16-amx": "bfloat16-native"}
 
 
-def check_weight_format(model: Any) -> None:
+def check_weight_format(model: ModelConfig) -> None:
     """Each side's weight form, at load: a bad one would only show as a failed worker."""
     if model.weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"[model] weight_format must be one of {', '.join(WEIGHT_FORMATS)}")
@@ -211,7 +218,7 @@ def check_weight_format(model: Any) -> None:
                          f"{', '.join(PREFILL_WEIGHT_FORMATS)}")  # fmt: skip
 
 
-def check_prefix_cache(model: Any) -> None:
+def check_prefix_cache(model: ModelConfig) -> None:
     """The prefix cache's keys, at load: a prefill worker would otherwise fail (or keep nothing)
     only once traffic comes."""
     if not isinstance(model.prefix_cache, bool):
@@ -233,7 +240,7 @@ def check_prefix_cache(model: Any) -> None:
         raise ValueError("[model] prefill_buckets must ascend from >= 1 and end at max_seq_len")
 
 
-def check_stuck_bounds(lifecycle: Any) -> None:
+def check_stuck_bounds(lifecycle: LifecycleConfig) -> None:
     """[lifecycle] stuck_timeout_s and loop_stuck_timeout_s: 0 (not judged), or a bound longer
     than a heartbeat interval (a worker beats once per interval when all is well)."""
     for name in ("stuck_timeout_s", "loop_stuck_timeout_s"):
