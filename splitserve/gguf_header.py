@@ -1,8 +1,8 @@
 """A GGUF file's header: its key/value metadata and its tensor table, read without llama.cpp.
 
-The one GGUF reader of the project: the weight loader (engine/weights_gguf.py) takes the tensor
-table and the metadata scalars, the tokenizer (tokenizers/gguf_tokenizer.py) the metadata with
-its arrays (vocabulary, scores, merges). A reader of our own rather than gguf.GGUFReader: that
+The one GGUF reader of the project: the weight loader (engine/model/weights_gguf.py) takes the
+tensor table and the metadata scalars, the tokenizer (tokenizers/gguf_tokenizer.py) the metadata
+with its arrays (vocabulary, scores, merges). A reader of our own rather than gguf.GGUFReader: that
 one parses every entry of the embedded vocabulary into numpy views, which costs seconds per
 worker start; here arrays a caller does not want are skipped, not parsed.
 

@@ -22,7 +22,7 @@ def short_name(path: str) -> str:
     """A model's short name from its path: the file or folder name without `.gguf` and without
     a quantization suffix; `random:<preset>` names stay as they are."""
     if path == "default":
-        from splitserve.engine.default_model import DEFAULT_MODEL_FILE
+        from splitserve.engine.model.default_model import DEFAULT_MODEL_FILE
 
         path = DEFAULT_MODEL_FILE
     if path.startswith("random:"):
@@ -41,7 +41,7 @@ def accepted_names(config: ClusterConfig) -> frozenset[str]:
     path = config.model.path
     aliases = {path, os.path.basename(path.rstrip("/")) or path}
     if path == "default":
-        from splitserve.engine.default_model import DEFAULT_MODEL_FILE
+        from splitserve.engine.model.default_model import DEFAULT_MODEL_FILE
 
         aliases.add(DEFAULT_MODEL_FILE)
     return frozenset({*served_names(config), *aliases})

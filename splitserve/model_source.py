@@ -31,7 +31,7 @@ def model_problem(model: ModelConfig, weights: bool = True) -> str | None:
         return None
     path = model.path
     if path == "default":
-        from splitserve.engine.default_model import default_model_path
+        from splitserve.engine.model.default_model import default_model_path
 
         try:
             default_model_path()
@@ -39,7 +39,7 @@ def model_problem(model: ModelConfig, weights: bool = True) -> str | None:
             return str(exc)
         return None
     if path.startswith("random:"):
-        from splitserve.engine.llama_config import preset
+        from splitserve.engine.model.llama_config import preset
 
         parts = path.split(":")
         if len(parts) not in (2, 3) or (len(parts) == 3 and not parts[2].isdigit()):

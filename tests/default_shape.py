@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from splitserve.engine.default_model import default_model_path
-from splitserve.engine.llama_config import LlamaConfig
-from splitserve.engine.model_files import load_model
+from splitserve.engine.model.default_model import default_model_path
+from splitserve.engine.model.llama_config import LlamaConfig
+from splitserve.engine.model.model_files import load_model
 
 
 @cache

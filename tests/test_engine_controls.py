@@ -12,8 +12,8 @@ import pytest
 
 from splitserve.engine.interface import LogitsControls, SamplingParams, StepMasks
 from splitserve.engine.jax_engine import JaxEngine
-from splitserve.engine.llama_config import preset
-from splitserve.engine.weights_random import random_weights
+from splitserve.engine.model.llama_config import preset
+from splitserve.engine.model.weights_random import random_weights
 from tests.engine_reference import reference_logits
 from tests.fake_reference import Request, process
 

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from splitserve.engine import llama_model
 from splitserve.engine.interface import Prefix, SamplingParams
 from splitserve.engine.jax_engine import JaxEngine, build_jax_engine
+from splitserve.engine.model import llama_model
 
 SLOTS = 4
 MAX_SEQ = 64

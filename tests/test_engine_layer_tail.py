@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from splitserve.engine import llama_model, qkernel, quant
+from splitserve.engine import qkernel, quant
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import JaxEngine
-from splitserve.engine.llama_config import LlamaConfig
+from splitserve.engine.model import llama_model
+from splitserve.engine.model.llama_config import LlamaConfig
 from tests.engine_reference import random_hf_weights
 from tests.test_engine_model import canonical_from_hf
 

@@ -16,9 +16,9 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import save_file
 
 from lab.versus.hf_copy import export, write_tokenizer
-from splitserve.engine import llama_model
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine, load_model
+from splitserve.engine.model import llama_model
 from tests.engine_reference import random_hf_weights, reference_logits
 
 SHAPE = dict(layers=2, heads=4, kv_heads=2, head_dim=16)
@@ -379,7 +379,7 @@ def test_a_hugging_face_copy_of_a_gguf_file_is_the_same_model(tmp_path, tied):
 
 
 def test_the_copy_carries_the_default_models_own_tokenizer(tmp_path):
-    from splitserve.engine.default_model import default_model_path
+    from splitserve.engine.model.default_model import default_model_path
     from splitserve.tokenizers import load_tokenizer
 
     model = default_model_path()

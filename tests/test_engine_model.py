@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from splitserve.engine import llama_model
-from splitserve.engine.llama_config import LlamaConfig, preset
-from splitserve.engine.weights_random import random_weights
+from splitserve.engine.model import llama_model
+from splitserve.engine.model.llama_config import LlamaConfig, preset
+from splitserve.engine.model.weights_random import random_weights
 from tests.engine_reference import random_hf_weights, reference_logits
 
 # (hidden, intermediate, layers, heads, kv_heads, head_dim, tied, rope_theta)

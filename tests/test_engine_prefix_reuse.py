@@ -11,7 +11,7 @@ import pytest
 from splitserve.engine.fake import FakeEngine
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
-from splitserve.engine.prefill_continue import continue_shapes
+from splitserve.engine.model.prefill_continue import continue_shapes
 
 MAX_SEQ = 128
 BUCKETS = (32, 128)  # few programs: compiling is most of the time

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitserve.engine.default_model import default_model_path
+from splitserve.engine.model.default_model import default_model_path
 from tests.http_stack import http_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
 
 from detok_worker.detokenize import IncrementalDetokenizer
-from splitserve.engine.default_model import default_model_path
+from splitserve.engine.model.default_model import default_model_path
 from splitserve.tokenizers import Tokenizer, load_tokenizer
 from splitserve.tokenizers.hf_tokenizer import byte_level_alphabet
 from splitserve.tokenizers.synthetic import CHATML_TEMPLATE, synthetic_corpus

@@ -116,7 +116,7 @@ def batching_options(model: ModelConfig, role: str | None) -> dict:
 
 def resolve_model_path(path: str) -> str:
     if path == "default":
-        from splitserve.engine.default_model import default_model_path
+        from splitserve.engine.model.default_model import default_model_path
 
         return default_model_path()
     return path

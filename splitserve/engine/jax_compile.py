@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from splitserve.engine import controls as ctl
 from splitserve.engine import programs as prog
 from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS
-from splitserve.engine.prefill_continue import prefill_continue_fn
+from splitserve.engine.model.prefill_continue import prefill_continue_fn
 from splitserve.engine.xla_options import compile_options
 
 log = logging.getLogger(__name__)

@@ -56,8 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import llama_model, qkernel, quant
 from splitserve.engine import programs as prog
+from splitserve.engine import qkernel, quant
 from splitserve.engine.buckets import (
     batch_buckets,
     capacity_buckets,
@@ -83,8 +83,9 @@ from splitserve.engine.jax_compile import CompiledPrograms
 from splitserve.engine.jax_controlled import ControlledSteps
 from splitserve.engine.jax_prefill import PrefillPath
 from splitserve.engine.jax_prefix import PrefixReuse
-from splitserve.engine.llama_config import LlamaConfig
-from splitserve.engine.model_files import load_model, load_native
+from splitserve.engine.model import llama_model
+from splitserve.engine.model.llama_config import LlamaConfig
+from splitserve.engine.model.model_files import load_model, load_native
 from splitserve.engine.slot_count import auto_slots
 from splitserve.engine.slot_rows import SlotRows
 

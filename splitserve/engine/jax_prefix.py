@@ -1,5 +1,5 @@
 """JaxEngine's prefill from a cached prefix (Engine.prefill_cached), as a mixin: the keys of
-the "prefill continuation" programs (prefill_continue.py; jax_compile.py lowers them), their
+the "prefill continuation" programs (model/prefill_continue.py; jax_compile.py lowers them), their
 compile in the background, and the call.
 
 Kept apart from jax_engine.py so that the engine's own prefill path is untouched: a prompt
@@ -22,7 +22,7 @@ import numpy as np
 
 from splitserve.engine.buckets import pick
 from splitserve.engine.interface import Prefix, SamplingParams
-from splitserve.engine.prefill_continue import continue_shapes
+from splitserve.engine.model.prefill_continue import continue_shapes
 
 
 class PrefixReuse:

@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from splitserve.engine import controls, llama_model
+from splitserve.engine import controls
 from splitserve.engine import sampling as sampler
+from splitserve.engine.model import llama_model
 
 # Rows of the packed per-step int32 input.
 # LIVE: the live rows of the step (the same in every column; they are packed at the front).

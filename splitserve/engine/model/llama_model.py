@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from splitserve.engine import qkernel, quant
-from splitserve.engine.llama_config import LlamaConfig
+from splitserve.engine.model.llama_config import LlamaConfig
 
 HEAD_BLOCK = 4096  # output-head columns per matmul for large vocabularies (see prepare_params)
 

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import llama_model as lm
-from splitserve.engine.llama_config import LlamaConfig
+from splitserve.engine.model import llama_model as lm
+from splitserve.engine.model.llama_config import LlamaConfig
 
 
 def continue_hidden(cfg: LlamaConfig, params: dict, cached_k, cached_v, cached_len, tokens):

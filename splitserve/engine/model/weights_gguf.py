@@ -21,7 +21,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize, quant_shape_to_byte_shape
 
-from splitserve.engine.llama_config import LlamaConfig
+from splitserve.engine.model.llama_config import LlamaConfig
 from splitserve.gguf_header import open_gguf
 
 

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 from safetensors.numpy import load_file
 
-from splitserve.engine.llama_config import LlamaConfig
+from splitserve.engine.model.llama_config import LlamaConfig
 
 
 def config_from_hf(cfg: dict) -> LlamaConfig:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitserve.engine.llama_config import LlamaConfig
+from splitserve.engine.model.llama_config import LlamaConfig
 
 
 def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
