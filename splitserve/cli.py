@@ -54,8 +54,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-key-file", help="a file (0600) holding the admin endpoints' own key "
                    f"(never the API key); or set {ADMIN_KEY_ENV}. Without one they are "
                    "refused")  # fmt: skip
-    # a cold start of the default model took over 900 s on the 2-core machine under load; the
-    # start says what it is doing meanwhile, so a long wait is no silent hang
+    # a cold start of the default model compiles for many minutes on a small, loaded machine
+    # (the README's Operations); the start says what it is doing meanwhile, so a long wait is
+    # no silent hang
     p.add_argument("--ready-timeout", type=float, default=3600.0,
                    help="seconds to wait for every role to be ready (default 3600)")
     add_chat_template_arg(p)

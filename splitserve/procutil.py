@@ -64,10 +64,10 @@ def freeze_startup_objects() -> None:
     """Leave the objects made at start-up (imported modules, tokenizer tables, the engine's
     wrappers) out of every later garbage collection: they live as long as the process.
 
-    A full collection walks every tracked object. With these inside, one took 55-95 ms in the
-    router (72k of them) and 70-100 ms in a decode worker (127k), measured with gc.callbacks on
-    the 2-core host, and a router's pause stalls every stream. Call it once the process is set
-    up, before its loop serves.
+    A full collection walks every tracked object: with these inside, tens of thousands of them
+    in the router and more in a decode worker, each one pauses its process for tens of
+    milliseconds (gc.callbacks shows it), and a router's pause stalls every stream. Call it once
+    the process is set up, before its loop serves.
     """
     gc.collect()
     gc.freeze()

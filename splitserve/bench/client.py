@@ -8,8 +8,8 @@ an SSE completion stream needs: chunked or plain bodies and `data: {json}` event
 
 Connections are kept alive (HTTP/1.1 keep-alive) through a ConnectionPool, one per benchmark run,
 as real OpenAI clients do (the openai SDK over httpx, aiohttp sessions): a fresh TCP connection
-plus the server's per-connection setup adds about a millisecond to every measured time to first
-token, a cost those clients do not pay. A connection goes back to the pool only once its response
+plus the server's per-connection setup adds its own time to every measured time to first token,
+a cost those clients do not pay. A connection goes back to the pool only once its response
 was read to the very end of its body (past `data: [DONE]`, up to the chunked body's last chunk)
 and the server did not ask to close it; after any error, timeout or early exit it is closed. A
 request on a reused connection that the server had closed while idle (its keep-alive timeout) is

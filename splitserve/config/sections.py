@@ -30,40 +30,40 @@ class ModelConfig:
     # the form of the decode step's matrices (engine/quant.py): "auto" is a GGUF file's own
     # Q8_0/Q4_0/Q4_1 blocks through the native kernel (exact), float32 for other checkpoints;
     # "int8" (ggml's Q8_0 rounding) or "bfloat16" round a float32 checkpoint for the kernel,
-    # "float32" runs XLA's matmuls. Measured per batch size in docs/benchmarks.md ("Weight
+    # "float32" runs XLA's matmuls (each measured by batch size: lab/benchmarks.md, "Weight
     # formats").
     weight_format: str = "auto"
     # the form of the prefill side's matrices (a prompt's many rows favour XLA's matmuls over
-    # the decode side's kernel): "float32" (exact: the default), "bfloat16-xla" (each layer's
-    # weights and activations rounded to bfloat16, float32 sums, the head kept float32 because
-    # its one row per prompt misses the matrix units: a burst of prompts 2.6x as fast where the
-    # CPU has bfloat16 matrix units, Intel AMX, but 3 of 20 greedy answers of the default model
-    # changed), "bfloat16-native" (the same numbers from the native kernel, the weights packed
-    # for it once: on the AMX tiles 3x float32's speed, with AVX512-BF16's dot products where
-    # there are no tiles 1.7x; XLA's products where the CPU has neither), "auto" the third
-    # where the CPU has either, else the first (engine.prefill_weight_format;
-    # docs/benchmarks.md, "Prefill in bfloat16", "Prefill on the tiles", "Prefill in bfloat16
-    # without tiles").
+    # the decode side's kernel): "float32" (exact, the default: rounding to bfloat16 changes
+    # some greedy answers of the default model), "bfloat16-xla" (each layer's weights and
+    # activations rounded to bfloat16, float32 sums, the head kept float32 because its one row
+    # per prompt misses the matrix units; faster where the CPU has bfloat16 matrix units, Intel
+    # AMX), "bfloat16-native" (the same numbers from the native kernel, the weights packed for
+    # it once, on the AMX tiles or with AVX512-BF16's dot products where there are no tiles;
+    # XLA's products where the CPU has neither), "auto" the third where the CPU has either, else
+    # the first (engine.prefill_weight_format). Measured in lab/benchmarks.md, "Prefill in
+    # bfloat16", "Prefill on the tiles" and "Prefill in bfloat16 without tiles".
     prefill_weight_format: str = "float32"
     # XLA intra-op threads of the prefill engine's process (0: one per CPU; "auto": half the
-    # CPUs, at least one). Under load prefill and decode share the cores; measured on 2 cores
-    # (docs/benchmarks.md, "How the two cores are shared"), one prefill thread served 1.06x
-    # the tokens/s at 16 streams and 1.07x at 64, with shorter times to first token, and 0.95x
-    # at one stream (its prompt prefills on one core: TTFT 0.47 against 0.34 s). A likely
-    # reason: XLA splits a product into one share per thread, so a share whose thread decode
-    # preempts holds up the whole product, where the decode kernels hand out small chunks.
+    # CPUs, at least one). Under load prefill and decode share the cores: fewer prefill threads
+    # served more tokens/s under load, with shorter times to first token, at some cost at one
+    # stream, whose lone prompt then runs on fewer cores (lab/benchmarks.md, "How the two cores
+    # are shared"). A likely reason: XLA splits a product into one share per thread, so a share
+    # whose thread decode preempts holds up the whole product, where the decode kernels hand out
+    # small chunks.
     prefill_cpu_threads: int | str = "auto"
     # Cores shared between the prefill and decode workers of one host (splitserve/core_share.py):
     # while a prefill worker of the same run_dir runs prompts, the decode engine's kernels take
     # the cores prefill leaves (cpu_threads less prefill_cpu_threads, at least one), and all of
-    # them otherwise. On 2 cores at 16 streams the decode team had lost a core to prefill and
-    # waited for it (docs/benchmarks.md, "Decode steps aside while a prompt runs").
+    # them otherwise: the kernels run each layer as a team of threads, and a member that loses
+    # its core to prefill holds the whole team up (lab/benchmarks.md, "Decode steps aside while
+    # a prompt runs").
     share_cores: bool = True
     # The prefill worker runs the plain prompts waiting at the front of its queue in one call,
     # up to this many prompt tokens (0: one prompt a call); the engine compiles a (count,
     # length) program per bucket within it. Prefill on a CPU is compute-bound: batching pays
     # where a call's fixed cost (reading the weights, dispatch) dominates, i.e. short prompts
-    # (measured: docs/benchmarks.md, "Batched prefill and steps per dispatch").
+    # (measured: lab/benchmarks.md, "Batched prefill and steps per dispatch").
     prefill_batch_tokens: int = 256
     # decode steps per dispatch while no prefix waits and no live slot has logits controls or a
     # grammar: the host's per-step work is paid once per k steps. A stop string or an abort
@@ -72,9 +72,10 @@ class ModelConfig:
     decode_steps: int = 4
     # ... only while at most this many slots are live (0: however many). A k-step dispatch pays
     # where the host's work per dispatch is a large part of a step: a small model's at every
-    # batch size, the default model's at one or two live rows only (docs/benchmarks.md), where
-    # each k-step program costs a cold start about 6 s of compiling. Warm-up compiles the
-    # k-step programs only for the batch buckets up to this count.
+    # batch size, the default model's at one or two live rows only (lab/benchmarks.md,
+    # "Batched prefill and steps per dispatch"), and each k-step program adds to a cold start's
+    # compiling. Warm-up compiles the k-step programs only for the batch buckets up to this
+    # count.
     decode_steps_max_live: int = 0
     # the engines' weights moved onto 2 MiB pages once placed (engine/huge_pages.py): a decode
     # step streams them all, and fewer page translations make that faster; off, they stay on
@@ -124,7 +125,7 @@ class RouterConfig:
     placement: str = "load"
     # with several prefill workers and the prefix cache on, "load" counts the tokens a worker
     # likely has cached as work it need not do (router/prefix_affinity.py); false: load alone
-    # (the baseline splitserve/bench/prefix.py measures it against)
+    # (the baseline lab/serving/prefix.py measures it against)
     prefix_affinity: bool = True
     api_key: str = ""  # the key itself, read from api_key_file (never written to a child's file)
     api_key_file: str = ""  # a file holding the key, readable by its owner only (0600)

@@ -47,7 +47,7 @@ def measure_decode_ceiling(
     tokens_per_s is the loop's own rate, slots / mean step: tokens made over the time it took,
     the same kind of figure as a served run's tokens/s, which its slower steps count in too.
     slots / median step (tokens_per_s_p50) leaves those steps out, so it overstates what the
-    engine alone sustains by as much as its step time is skewed (3% on the 2-core host).
+    engine alone sustains by as much as its step time is skewed.
     """
     sampling = sampling or SamplingParams()
     slots = engine.num_slots
@@ -95,8 +95,8 @@ def measure_prefill(
     prefill_s is back to back, one prefill right after another: the engine at its quickest.
     With idle_s > 0, as many more prefills follow, each after idle_s of sleep
     (prefill_after_idle_s): the way a request meets a prefill worker at concurrency 1, where
-    the previous one ended a whole decode earlier. On the shared 2-core host such a prefill
-    ran 0.5-4 ms slower (from run to run), with no serving involved; the engine regains its
+    the previous one ended a whole decode earlier. Such a prefill runs slower, by an amount that
+    varies from run to run, with no serving involved; the engine regains its
     back-to-back speed only over several prefills in a row, so the two kinds are not
     interleaved: that would time neither.
     """
