@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from splitserve.engine.default_model import default_model_path  # noqa: E402
 from splitserve.engine.fake import fake_order  # noqa: E402
+from splitserve.engine.model.default_model import default_model_path  # noqa: E402
 from splitserve.tokenizers import load_tokenizer  # noqa: E402
 from tests.schema_corpus import SCHEMAS as CORPUS  # noqa: E402
 

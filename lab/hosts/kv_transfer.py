@@ -29,8 +29,8 @@ import numpy as np
 
 from lab.hosts.kv_peer import layout
 from lab.hosts.netns import Hosts
-from splitserve.engine.default_model import default_model_path
-from splitserve.engine.weights_gguf import config_from_gguf, read_gguf
+from splitserve.engine.model.default_model import default_model_path
+from splitserve.engine.model.weights_gguf import config_from_gguf, read_gguf
 from splitserve.security import generate_keys
 
 SUBNET = "10.213.31"

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     smollm2 = None
     if "smollm2" in wanted:
         try:
-            from splitserve.engine.default_model import default_model_path
+            from splitserve.engine.model.default_model import default_model_path
 
             smollm2 = default_model_path()
         except FileNotFoundError as exc:

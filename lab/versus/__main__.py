@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return install(args.name, args.root)
     if args.cmd == "hf-copy":
         from lab.versus.hf_copy import export
-        from splitserve.engine.default_model import default_model_path
+        from splitserve.engine.model.default_model import default_model_path
 
         print(export(args.model or default_model_path(), args.out_dir))
         return 0

