@@ -1,7 +1,7 @@
 """Build glue for the one native piece: the engine's kernels (splitserve/engine/native: quantized
 matmuls, decode attention and the prompt pass's bfloat16 products),
 compiled with the C compiler into splitserve/engine/_qmatmul*.so and loaded by
-splitserve/engine/qkernel.py through ctypes and jax.ffi. Everything else is in setup.cfg.
+splitserve/engine/kernels/qkernel.py through ctypes and jax.ffi. Everything else is in setup.cfg.
 
 The kernel is plain C11 against XLA's FFI C header, which jaxlib ships (jax.ffi.include_dir()):
 so it is built where jax is installed, which build isolation hides. The Makefile installs the

@@ -21,7 +21,7 @@ ENV_VARS: dict[str, str] = {
     "SPLITSERVE_PYTHON": "deploy/launch.sh: the Python to run (default: the checkout's .venv)",
     "SPLITSERVE_IMAGE_TEST": "tests only: 1 builds and runs the OCI image (make image-test)",
     "SPLITSERVE_QKERNEL": "the engine's native kernel library to load instead of the built one "
-    "(splitserve/engine/qkernel.py; for kernel development)",
+    "(splitserve/engine/kernels/qkernel.py; for kernel development)",
     "XLA_FLAGS": "XLA's own flags; an option set here wins over the engine's compile options",
 }
 

@@ -28,7 +28,7 @@ def tokenizer_8000(tmp_path_factory) -> str:
 def isa(request):
     """Each instruction-set path of the native kernels this CPU has (the others skip), put
     back to the best afterwards."""
-    from splitserve.engine import qkernel
+    from splitserve.engine.kernels import qkernel
 
     got = qkernel.set_isa(request.param)
     if got != request.param:

@@ -97,7 +97,7 @@ def test_batching_keys_are_checked_at_load(model):
 
 def test_the_weight_formats_are_the_engines_own():
     from splitserve.config.checks import WEIGHT_FORMATS
-    from splitserve.engine.quant import WEIGHT_FORMATS as ENGINE_FORMATS
+    from splitserve.engine.kernels.quant import WEIGHT_FORMATS as ENGINE_FORMATS
 
     assert WEIGHT_FORMATS == ("auto", *ENGINE_FORMATS)
     assert config_from_dict({"cluster": {"run_dir": "/x"}}).model.weight_format == "auto"
@@ -111,7 +111,7 @@ def test_a_weight_format_is_checked_at_load(fmt):
 
 def test_the_prefill_weight_formats_are_the_engines_own():
     from splitserve.config.checks import PREFILL_WEIGHT_FORMATS
-    from splitserve.engine.quant import BF16_NATIVE, BF16_XLA
+    from splitserve.engine.kernels.quant import BF16_NATIVE, BF16_XLA
 
     assert set(PREFILL_WEIGHT_FORMATS) == {"auto", "float32", BF16_XLA, BF16_NATIVE}
     # exact by default: bfloat16 products change some answers (docs/benchmarks.md)
@@ -156,7 +156,7 @@ def test_auto_prefill_weights_follow_the_cpus_bfloat16_units(flags, want, caplog
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
-    from splitserve.engine.cpu_features import cpu_flags
+    from splitserve.engine.kernels.cpu_features import cpu_flags
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 amx_bf16 amx_tile\n\n"

@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from splitserve.engine import qkernel
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
+from splitserve.engine.kernels import qkernel
 from splitserve.engine.model import llama_model
 
 pytestmark = pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")

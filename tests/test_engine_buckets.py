@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitserve.engine import qkernel
 from splitserve.engine.buckets import (
     batch_buckets,
     length_buckets,
@@ -19,6 +18,7 @@ from splitserve.engine.buckets import (
 )
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
+from splitserve.engine.kernels import qkernel
 from splitserve.engine.slot_rows import SlotRows
 
 SLOTS = 8

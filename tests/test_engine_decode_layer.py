@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from splitserve.engine import qkernel, quant
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import JaxEngine
+from splitserve.engine.kernels import qkernel, quant
 from splitserve.engine.model import llama_model
 from splitserve.engine.model.llama_config import LlamaConfig
 from tests.engine_reference import random_hf_weights

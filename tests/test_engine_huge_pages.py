@@ -1,5 +1,5 @@
-"""The engines' weights on huge pages (engine/huge_pages.py): which ranges are asked for, and
-that what the kernel says it moved is on huge pages with the values unchanged."""
+"""The engines' weights on huge pages (engine/kernels/huge_pages.py): which ranges are asked for,
+and that what the kernel says it moved is on huge pages with the values unchanged."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitserve.engine.huge_pages import HUGE_PAGE, collapse, joined, whole_pages
+from splitserve.engine.kernels.huge_pages import HUGE_PAGE, collapse, joined, whole_pages
 
 MB = 1 << 20
 NOTHING_MOVED = "the kernel moved nothing (no MADV_COLLAPSE or THP here, or no free 2 MiB page)"
@@ -83,9 +83,10 @@ def test_the_model_setting_reaches_the_engine_weights(huge, caplog):
     model = config_from_dict(config_to_dict(config_from_dict(raw))).model
     assert model.huge_pages is huge
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="splitserve.engine.huge_pages"):
+    logger = "splitserve.engine.kernels.huge_pages"
+    with caplog.at_level(logging.INFO, logger=logger):
         engine = build_engine(model, 8000, role="decode")
-    said = [r.getMessage() for r in caplog.records if r.name == "splitserve.engine.huge_pages"]
+    said = [r.getMessage() for r in caplog.records if r.name == logger]
     if not huge:
         assert said == []
         return

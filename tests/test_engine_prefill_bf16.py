@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from splitserve.engine.cpu_features import cpu_flags, has_bf16_matrix_units
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
-from splitserve.engine.quant import BF16_XLA, Bf16Products
+from splitserve.engine.kernels.cpu_features import cpu_flags, has_bf16_matrix_units
+from splitserve.engine.kernels.quant import BF16_XLA, Bf16Products
 
 MAX_SEQ = 64
 # bfloat16 keeps 8 bits of a value: each product's inputs are within 2^-9 of float32's, and the

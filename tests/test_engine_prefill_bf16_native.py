@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from splitserve.engine import qkernel, quant
 from splitserve.engine.interface import SamplingParams
+from splitserve.engine.kernels import qkernel, quant
 from tests.test_engine_prefill_bf16 import _engine, _prompt, check_batch_equals_alone
 
 

@@ -9,8 +9,9 @@ import jax
 import pytest
 
 from splitserve.config import config_from_dict
-from splitserve.engine import build_engine, qkernel, quant
-from splitserve.engine.quant import QMatrix
+from splitserve.engine import build_engine
+from splitserve.engine.kernels import qkernel, quant
+from splitserve.engine.kernels.quant import QMatrix
 
 
 def engine_of(role: str, num_slots: int = 2, **model):

@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     configure_jax_runtime(cpu_threads=args.threads)
     import numpy as np
 
-    from splitserve.engine import quant, resolve_model_path
+    from splitserve.engine import resolve_model_path
     from splitserve.engine.interface import SamplingParams
     from splitserve.engine.jax_engine import JaxEngine, load_model, load_native
+    from splitserve.engine.kernels import quant
 
     path = resolve_model_path(args.model)
     cfg, weights = load_model(path)

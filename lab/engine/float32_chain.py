@@ -46,8 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from splitserve.engine import huge_pages, qkernel, resolve_model_path
+    from splitserve.engine import resolve_model_path
     from splitserve.engine.jax_engine import load_model
+    from splitserve.engine.kernels import huge_pages, qkernel
 
     if not qkernel.available():
         sys.exit(f"no native kernel: {qkernel.unavailable_reason()}")

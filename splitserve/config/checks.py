@@ -193,7 +193,8 @@ def check_engine_threads(model: ModelConfig) -> None:
         raise ValueError("[model] share_cores must be true or false")
 
 
-# engine/quant.py's WEIGHT_FORMATS and "auto" (not imported: the engine's modules import jax)
+# engine/kernels/quant.py's WEIGHT_FORMATS and "auto" (not imported: the engine's modules
+# import jax)
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8", "gguf")
 
 

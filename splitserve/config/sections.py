@@ -27,7 +27,7 @@ class ModelConfig:
     compile_cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "jax")
     # XLA intra-op threads of the decode engine's process (0: one per CPU).
     cpu_threads: int = 0
-    # the form of the decode step's matrices (engine/quant.py): "auto" is a GGUF file's own
+    # the form of the decode step's matrices (engine/kernels/quant.py): "auto" is a GGUF file's own
     # Q8_0/Q4_0/Q4_1 blocks through the native kernel (exact), float32 for other checkpoints;
     # "int8" (ggml's Q8_0 rounding) or "bfloat16" round a float32 checkpoint for the kernel,
     # "float32" runs XLA's matmuls (each measured by batch size: lab/benchmarks.md, "Weight
@@ -77,9 +77,9 @@ class ModelConfig:
     # compiling. Warm-up compiles the k-step programs only for the batch buckets up to this
     # count.
     decode_steps_max_live: int = 0
-    # the engines' weights moved onto 2 MiB pages once placed (engine/huge_pages.py): a decode
-    # step streams them all, and fewer page translations make that faster; off, they stay on
-    # the pages the allocator gave them
+    # the engines' weights moved onto 2 MiB pages once placed (engine/kernels/huge_pages.py): a
+    # decode step streams them all, and fewer page translations make that faster; off, they
+    # stay on the pages the allocator gave them
     huge_pages: bool = True
     # prefix reuse (prefill_worker/prefix_cache.py): the prefill worker keeps KV blocks of
     # prefix_block_tokens tokens, up to prefix_cache_mb, and a prompt computes only what its

@@ -74,7 +74,7 @@ def prefill_weight_format(model: ModelConfig, flags: frozenset[str] | None = Non
     (exact). Some answers differ between the two. `flags`: the CPU's (default: this one's)."""
     if model.prefill_weight_format != "auto":
         return model.prefill_weight_format
-    from splitserve.engine.cpu_features import (
+    from splitserve.engine.kernels.cpu_features import (
         cpu_flags,
         has_bf16_dot_products,
         has_bf16_matrix_units,

@@ -57,7 +57,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from splitserve.engine import programs as prog
-from splitserve.engine import qkernel, quant
 from splitserve.engine.buckets import (
     batch_buckets,
     capacity_buckets,
@@ -69,7 +68,6 @@ from splitserve.engine.buckets import (
 )
 from splitserve.engine.control_rows import ControlRows
 from splitserve.engine.executables import ExecutableStore
-from splitserve.engine.huge_pages import collapse as collapse_onto_huge_pages
 from splitserve.engine.interface import (
     Engine,
     LogitsControls,
@@ -83,6 +81,8 @@ from splitserve.engine.jax_compile import CompiledPrograms
 from splitserve.engine.jax_controlled import ControlledSteps
 from splitserve.engine.jax_prefill import PrefillPath
 from splitserve.engine.jax_prefix import PrefixReuse
+from splitserve.engine.kernels import qkernel, quant
+from splitserve.engine.kernels.huge_pages import collapse as collapse_onto_huge_pages
 from splitserve.engine.model import llama_model
 from splitserve.engine.model.llama_config import LlamaConfig
 from splitserve.engine.model.model_files import load_model, load_native
@@ -201,7 +201,8 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
             prefill_form = form_of[self.batch_buckets[-1]]
         prepare = partial(llama_model.prepare_params, cfg, weights, param_dtype, native=native)
         built = {f: prepare(weights=f) for f in dict.fromkeys([*form_of.values(), prefill_form])}
-        if huge_pages:  # every step streams the weights: fewer page translations (huge_pages.py)
+        # every step streams the weights: fewer page translations (kernels/huge_pages.py)
+        if huge_pages:
             collapse_onto_huge_pages(built.values())
         self._decode_params_at = {b: built[f] for b, f in form_of.items()}
         self.decode_params = self._decode_params_at[self.batch_buckets[0]]  # the smallest's

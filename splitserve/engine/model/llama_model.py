@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import qkernel, quant
+from splitserve.engine.kernels import qkernel, quant
 from splitserve.engine.model.llama_config import LlamaConfig
 
 HEAD_BLOCK = 4096  # output-head columns per matmul for large vocabularies (see prepare_params)
@@ -168,7 +168,7 @@ def _mlp(cfg: LlamaConfig, lw: dict, x, rows=None):
 
 def _matmul(x, w, rows=None):
     """x [..., in] float32 @ w [in, out] -> float32. A QMatrix runs in the native kernel
-    (quant.py), which with `rows` (a traced count) computes only the leading rows of x and
+    (kernels/quant.py), which with `rows` (a traced count) computes only the leading rows of x and
     zeroes the rest; XLA's matmul computes them all, in bfloat16 for a Bf16Products; a
     PackedBf16 runs in the kernel's bfloat16 units (the same numbers as a Bf16Products). Other
     bfloat16 XLA weights (param_dtype) are widened first: CPUs without bfloat16 arithmetic

@@ -5,7 +5,7 @@ tokenizer's arrays are skipped); tensor data is memory-mapped. `load_gguf` dequa
 each tensor (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) to float32 with `gguf.quants.dequantize` when
 it is first used: the canonical weights every engine path starts from.
 `load_gguf_native` also hands over the file's Q8_0, Q4_0 and Q4_1 matrices as they are, for
-the native kernel (quant.py), which computes with exactly those values at a quarter to a
+the native kernel (kernels/quant.py), which computes with exactly those values at a quarter to a
 sixth of float32's memory traffic.
 
 Rotary layout: llama.cpp's converter permutes the rows of Q and K (per head, from the
@@ -153,12 +153,12 @@ _LINEAR = {
 
 def load_gguf_native(path: str, cfg: LlamaConfig) -> dict:
     """The file's matrices in the forms the native kernel computes with as they are (Q8_0,
-    Q4_0, Q4_1; see quant.py), bit for bit, as output rows [out, in] (GGUF's orientation):
+    Q4_0, Q4_1; see kernels/quant.py), bit for bit, as output rows [out, in] (GGUF's orientation):
     {"wq": [QuantRows or None per layer], ..., "embed": QuantRows or None, "head": ...}.
     Other tensor types are None (the engine keeps those matrices in float32). Q and K rows are
     un-permuted as in load_gguf, so the two loaders agree row for row.
     """
-    from splitserve.engine import quant
+    from splitserve.engine.kernels import quant
 
     _, raw = read_gguf(path)
 

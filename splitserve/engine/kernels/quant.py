@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from splitserve.engine import qkernel
+from splitserve.engine.kernels import qkernel
 
 BLOCK = 32
 FORMATS = qkernel.FORMATS

@@ -50,9 +50,10 @@ _error: str | None = None
 
 
 def library_path() -> str | None:
-    """The built library next to this module, or None."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    found = sorted(glob.glob(os.path.join(here, "_qmatmul*.so")))
+    """The built library, or None. setup.py builds it in the engine package (one folder up),
+    beside its sources in engine/native/."""
+    engine = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = sorted(glob.glob(os.path.join(engine, "_qmatmul*.so")))
     return found[0] if found else None
 
 
