@@ -44,13 +44,15 @@ deploy-configs: $(STAMP)
 
 # The OCI image (deploy/Containerfile) built and run: minutes of pip and of a first compile, so
 # apart from `make test`; .ci/run runs it after. Needs root: podman and runc from Debian's
-# archive, and a Debian base image made with debootstrap when no registry can be reached.
+# archive, and a Debian base image made with debootstrap when no registry can be reached, from
+# the Debian archive this machine's apt uses (deploy/debian_mirror.py: no mirror named here).
 BASE_IMAGE := localhost/debian-min:bookworm
 image-test: $(STAMP)
 	command -v podman >/dev/null && command -v runc >/dev/null || \
 	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends podman runc debootstrap; }
 	podman image exists $(BASE_IMAGE) || { \
-	  root=$$(mktemp -d) && debootstrap --variant=minbase bookworm $$root http://deb.debian.org/debian && \
+	  mirror=$$($(PY) deploy/debian_mirror.py bookworm) && root=$$(mktemp -d) && \
+	  debootstrap --variant=minbase bookworm $$root $$mirror && \
 	  tar -C $$root -c . | podman import - $(BASE_IMAGE) && rm -rf $$root; }
 	SPLITSERVE_IMAGE_TEST=1 $(PY) -m pytest -q tests/test_image.py
 

@@ -10,9 +10,11 @@
    A prompt pass cannot beat these rates; what a burst of prompts needs of them is arithmetic
    (2 flops per weight per prompt token) over the time allowed.
 
-   Build and run (one thread per core; a CPU without AVX512-BF16 runs the float32 line only):
+   Build and run from the repository root, into build/ (git ignores it), one thread per core; a
+   CPU without AVX512-BF16 runs the float32 line only:
 
-     gcc -O2 -march=native -pthread lab/engine/peak_rate.c -o /tmp/peak_rate && /tmp/peak_rate 2 */
+     mkdir -p build && gcc -O2 -march=native -pthread lab/engine/peak_rate.c -o build/peak_rate
+     build/peak_rate 2 */
 
 #include <immintrin.h>
 #include <pthread.h>

@@ -10,14 +10,14 @@
    against every batch row's product alone (the kernel's promise: a row's sums do not depend
    on the batch). Compare builds of two checkouts by their ratios in one sitting.
 
-   Build and run from the repository root:
+   Build and run from the repository root, into build/ (git ignores it; mkdir -p build):
 
      gcc -O3 -std=gnu11 -I splitserve/engine/native \
          -I "$(.venv/bin/python -c 'from jax import ffi; print(ffi.include_dir())')" \
          lab/engine/quant_rows.c splitserve/engine/native/qmatmul_x86.c \
-         splitserve/engine/native/ffi_common.c -lm -o /tmp/quant_rows
-     /tmp/quant_rows head 1 4 8 16 32 64
-     /tmp/quant_rows layers 1 4 16 */
+         splitserve/engine/native/ffi_common.c -lm -o build/quant_rows
+     build/quant_rows head 1 4 8 16 32 64
+     build/quant_rows layers 1 4 16 */
 
 #include <immintrin.h>
 #include <stdio.h>

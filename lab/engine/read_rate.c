@@ -8,14 +8,15 @@
             after it, as XLA's pool and the kernel's parallel_for do, but with OpenMP's
             spinning threads and no XLA between the products; and by a plain dot-product loop.
 
-   Build and run from the repository root (the threads: OMP_NUM_THREADS):
+   Build and run from the repository root, into build/ (git ignores it; mkdir -p build), the
+   threads by OMP_NUM_THREADS:
 
      gcc -O3 -std=gnu11 -fopenmp -mavx512f -mfma -I splitserve/engine/native \
          -I "$(.venv/bin/python -c 'from jax import ffi; print(ffi.include_dir())')" \
          lab/engine/read_rate.c splitserve/engine/native/qmatmul_x86.c \
-         splitserve/engine/native/ffi_common.c -lm -o /tmp/read_rate
-     OMP_NUM_THREADS=2 /tmp/read_rate sizes
-     OMP_NUM_THREADS=2 /tmp/read_rate rows
+         splitserve/engine/native/ffi_common.c -lm -o build/read_rate
+     OMP_NUM_THREADS=2 build/read_rate sizes
+     OMP_NUM_THREADS=2 build/read_rate rows
 
    Compare `rows` with lab/engine/float32_chain.py: the same products through XLA. */
 

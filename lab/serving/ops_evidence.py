@@ -1,12 +1,14 @@
-"""What operators' tools read from a running server (issue 20): a fake-engine stack, a real
+"""What operators' tools read from a running server: a fake-engine stack, a real
 Prometheus scraping its /metrics, inference-perf (its `vllm` server type, which reads vLLM's
 metric names through that Prometheus) driving it briefly, then one Prometheus query. Writes the
-inference-perf server-metrics report and the query's answer to OUT (lab/results).
+inference-perf server-metrics report and the query's answer to OUT (lab/results, one dated file
+each).
 
-    .venv/bin/python lab/serving/ops_evidence.py --inference-perf /work/tools/ip/bin/inference-perf
+    .venv/bin/python lab/serving/ops_evidence.py --inference-perf ~/ip-venv/bin/inference-perf
 
 inference-perf needs Python 3.12 and is no dependency of splitserve: install it in a venv of its
-own (`python3.12 -m venv /work/tools/ip && /work/tools/ip/bin/pip install inference-perf`).
+own (`python3.12 -m venv ~/ip-venv && ~/ip-venv/bin/pip install
+inference-perf`).
 Prometheus: Debian's `prometheus` package.
 """
 

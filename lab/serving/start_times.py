@@ -67,7 +67,7 @@ def one_start(cache_dir: str, extra: list[str], timeout_s: float, log_path: str)
     if ready_s is None:
         raise SystemExit(f"no ready line within {timeout_s} s (exit {proc.returncode}): {log_path}")
     return {"ready_s": round(ready_s, 1), "longest_gap_s": round(longest, 1),
-            "line_after_longest_gap": gap_before, "log": log_path}  # fmt: skip
+            "line_after_longest_gap": gap_before, "log": os.path.basename(log_path)}  # fmt: skip
 
 
 def summary(runs: list[dict]) -> dict:
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(own)
     out = args.out or tempfile.mkdtemp(prefix="start-times-")
     os.makedirs(out, exist_ok=True)
+    print(f"each run's output in {out}", file=sys.stderr, flush=True)
     cold, warm = [], []
     try:
         # each cold start, then a warm one from its cache: a run cut short still has both
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(cache, ignore_errors=True)
     finally:
         if cold:
-            print(json.dumps({"command": [SERVE, "serve", *extra], "cold": summary(cold),
+            # a result file: no path of this host (the logs are named, their folder said above)
+            print(json.dumps({"command": ["splitserve", "serve", *extra], "cold": summary(cold),
                               "warm": summary(warm) if warm else None}, indent=2))  # fmt: skip
     return 0
 

@@ -4,8 +4,10 @@ JSON record of each section beside the plots."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -124,6 +126,16 @@ def layout_line(cpus: Cpus) -> str:
             f"30-layer decode step runs faster on every CPU.")  # fmt: skip
 
 
+def portable(record: dict[str, Any]) -> dict[str, Any]:
+    """A record that names no path of this host: the checkout's, the environment's and the home
+    folder's prefixes become relative, <venv>/ and ~/ (the models and tokenizers it ran)."""
+    text = json.dumps(record)
+    for prefix, short in ((REPO + os.sep, ""), (sys.prefix + os.sep, "<venv>/"),
+                          (os.path.expanduser("~") + os.sep, "~/")):  # fmt: skip
+        text = text.replace(json.dumps(prefix)[1:-1], short)
+    return json.loads(text)
+
+
 def write_doc(path: str, assets: str, run: SuiteRun, results: dict[str, SectionResult]) -> None:
     doc_dir = os.path.dirname(os.path.abspath(path))
     parts = [header(run, results), "## Targets\n", targets(results)]
@@ -144,4 +156,4 @@ def write_doc(path: str, assets: str, run: SuiteRun, results: dict[str, SectionR
         record = {"section": asdict(res.section), "ceiling": res.ceiling,
                   "mode_ceilings": res.mode_ceilings, "reports": res.reports,
                   "errors": res.errors}  # fmt: skip
-        report.write_json(record, os.path.join(assets, f"{key}.json"))
+        report.write_json(portable(record), os.path.join(assets, f"{key}.json"))

@@ -1,6 +1,6 @@
-"""splitserve against other servers (issue 18 point 6): the same client and load, one session.
+"""splitserve against other servers: the same client and load, one session.
 
-    python -m lab.versus install llama-cpp        # into /work/competitors/llama-cpp
+    python -m lab.versus install llama-cpp        # into ~/.cache/splitserve/competitors/llama-cpp
     python -m lab.versus run --server splitserve --server llama-cpp \\
         --concurrency 1,16 --rounds 2 --out-md versus-table.md
 

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tarfile
 
-DEFAULT_ROOT = "/work/competitors"
+# where competitors' environments go unless --root names a folder: the user's cache, outside
+# any checkout (install refuses a folder inside the repository)
+DEFAULT_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "splitserve", "competitors")
 
 # what pip installs for each; prebuilt wheels first (llama-cpp-python has none for most Linux
 # hosts on PyPI and then builds llama.cpp from its source: ~10+ minutes on 2 cores)
