@@ -76,7 +76,8 @@ def run_role(role: str, worker_cls, argv: list[str] | None = None) -> int:
             # Still loading or compiling: nothing to drain, and a compile cannot be cut short,
             # so waiting would only hold up the stop (the launcher's Ctrl-C) for its length.
             log.info("signal %d while starting: nothing to drain, exiting now", signum)
-            store = sys.modules.get("splitserve.engine.executables")  # if the engine loaded it
+            # the executable store's module, if the engine loaded it
+            store = sys.modules.get("splitserve.engine.compile.executables")
             if store is not None:  # programs it is loading now did not crash this process
                 store.abandon_loads()
             logging.shutdown()

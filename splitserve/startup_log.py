@@ -6,7 +6,7 @@ can take longer than an operator waits for a sign of life; so a ticker thread al
 nothing was logged for quiet_s, what the worker is still doing and for how long.
 
 The JAX engine says where each program came from: its executable store, or a compile
-(splitserve/engine/executables.py).
+(splitserve/engine/compile/executables.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitserve.engine.buckets import (
+from splitserve.engine.compile.buckets import (
     batch_buckets,
     length_buckets,
     pick,

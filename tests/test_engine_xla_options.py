@@ -1,4 +1,4 @@
-"""XLA compile options per kind of program (engine/xla_options.py): prompt programs keep
+"""XLA compile options per kind of program (engine/compile/xla_options.py): prompt programs keep
 jaxlib's YNNPACK products, decode-side programs keep YNNPACK for reductions only, an option the
 operator sets in XLA_FLAGS is left to XLA_FLAGS, and the engine compiles each program with its
 kind's options."""
@@ -10,7 +10,8 @@ import re
 import pytest
 from jaxlib import version
 
-from splitserve.engine import jax_compile, xla_options
+from splitserve.engine import jax_compile
+from splitserve.engine.compile import xla_options
 from splitserve.engine.jax_engine import build_jax_engine
 
 YNN = "xla_cpu_experimental_ynn_fusion_type"

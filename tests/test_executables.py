@@ -1,8 +1,8 @@
-"""The engine's executable store (splitserve/engine/executables.py): a second engine of the same
-configuration loads every program instead of compiling it, and computes exactly what a freshly
-compiled one does; another configuration never meets those files; a torn, foreign, damaged or
-others-writable file is never run, nor one whose last load ended the process; the store stays
-within its size bound."""
+"""The engine's executable store (splitserve/engine/compile/executables.py): a second engine of the
+same configuration loads every program instead of compiling it, and computes exactly what a
+freshly compiled one does; another configuration never meets those files; a torn, foreign,
+damaged or others-writable file is never run, nor one whose last load ended the process; the
+store stays within its size bound."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import threading
 import jax
 import pytest
 
-from splitserve.engine import executables
+from splitserve.engine.compile import executables
 from splitserve.engine.interface import LogitsControls, SamplingParams
 from splitserve.engine.jax_engine import build_jax_engine
 from tests.http_stack import wait_until
@@ -88,7 +88,7 @@ def test_a_torn_or_untrusted_file_is_not_run(tmp_path, caplog):
     with open(path, "r+b") as f:
         f.truncate(100)
     again = engine(store)
-    with caplog.at_level(logging.WARNING, logger="splitserve.engine.executables"):
+    with caplog.at_level(logging.WARNING, logger="splitserve.engine.compile.executables"):
         assert again.executables.load(key) is None
     assert "does not load" in caplog.text and not os.path.exists(path)
     program, source = again._obtain(key)  # compiled again and stored whole
@@ -96,7 +96,7 @@ def test_a_torn_or_untrusted_file_is_not_run(tmp_path, caplog):
 
     os.chmod(again.executables.path(other), 0o666)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="splitserve.engine.executables"):
+    with caplog.at_level(logging.WARNING, logger="splitserve.engine.compile.executables"):
         assert again.executables.load(other) is None
     assert "writable by others" in caplog.text
 
@@ -131,7 +131,7 @@ def test_a_flipped_byte_is_caught_before_loading_and_the_program_compiled_again(
 CRASHING_LOADER = """
 import ast, os, sys
 from jax.experimental import serialize_executable
-from splitserve.engine.executables import ExecutableStore
+from splitserve.engine.compile.executables import ExecutableStore
 directory, identity_file, key = sys.argv[1:]
 serialize_executable.deserialize_and_load = lambda *args: os.abort()
 with open(identity_file) as f:
@@ -151,7 +151,7 @@ def test_a_load_that_ended_the_process_is_not_tried_again_from_that_file(tmp_pat
     assert child.returncode == -signal.SIGABRT, child.stderr.decode()[-2000:]
 
     second = engine(store)
-    with caplog.at_level(logging.WARNING, logger="splitserve.engine.executables"):
+    with caplog.at_level(logging.WARNING, logger="splitserve.engine.compile.executables"):
         assert second._obtain(key)[1] == "compiled"  # not loaded from the file that crashed
     assert second.executables.rejected == {"crashed": 1}
     assert "a previous load of it ended the process" in caplog.text

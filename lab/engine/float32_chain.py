@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small-pages", action="store_true", help="leave the weights on 4 KiB pages")
     args = ap.parse_args(argv)
 
-    from splitserve.engine.jax_setup import configure_jax_runtime
+    from splitserve.engine.compile.jax_setup import configure_jax_runtime
 
     configure_jax_runtime(cpu_threads=args.threads)
     import jax

@@ -44,13 +44,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--answer-tokens", type=int, default=48, help="greedy tokens per answer")
     args = ap.parse_args(argv)
 
-    from splitserve.engine.jax_setup import configure_jax_runtime
+    from splitserve.engine.compile.jax_setup import configure_jax_runtime
 
     configure_jax_runtime(cpu_threads=args.threads)
     import numpy as np
 
     from splitserve.engine import resolve_model_path
-    from splitserve.engine.buckets import length_buckets
+    from splitserve.engine.compile.buckets import length_buckets
     from splitserve.engine.interface import SamplingParams
     from splitserve.engine.jax_engine import build_jax_engine
     from splitserve.tokenizers import load_tokenizer

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="XLA intra-op threads")
     args = ap.parse_args(argv)
 
-    from splitserve.engine.jax_setup import configure_jax_runtime
+    from splitserve.engine.compile.jax_setup import configure_jax_runtime
 
     configure_jax_runtime(cpu_threads=args.threads)
     import numpy as np

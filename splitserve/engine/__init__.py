@@ -6,7 +6,7 @@ import logging
 import os
 
 from splitserve.config import ModelConfig, RouterConfig
-from splitserve.engine.buckets import length_buckets
+from splitserve.engine.compile.buckets import length_buckets
 from splitserve.engine.interface import Engine
 
 log = logging.getLogger(__name__)
@@ -34,13 +34,13 @@ def build_engine(
             step_s=model.fake_step_s,
             prefill_s=model.fake_prefill_s,
         )
+    from splitserve.engine.compile.jax_setup import backend_started, configure_jax_runtime
     from splitserve.engine.jax_engine import build_jax_engine
-    from splitserve.engine.jax_setup import backend_started, configure_jax_runtime
 
     if not backend_started():  # in threads mode the second engine finds JAX set up already
         threads = model.cpu_threads if role != "prefill" else prefill_threads(model)
         configure_jax_runtime(cpu_threads=threads or None)
-    # the compiled programs are kept as executables there (engine/executables.py: a restart
+    # the compiled programs are kept as executables there (engine/compile/executables.py: a restart
     # loads them without tracing), instead of in JAX's own persistent cache
     cache = model.compile_cache_dir
     executables = os.path.join(cache, "executables") if cache else None

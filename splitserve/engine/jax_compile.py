@@ -12,8 +12,8 @@ warms up, and where each executable comes from.
    only slower. On a cold start the 4-step decode programs were over half of the default
    model's decode warm-up.
 3. `_obtain` loads a key's executable from the engine's ExecutableStore when it has one
-   (executables.py: no trace, no lowering), else lowers and compiles it from `_lowered`'s
-   function and argument specs, with its kind's XLA options (xla_options.py), and stores it
+   (compile/executables.py: no trace, no lowering), else lowers and compiles it from `_lowered`'s
+   function and argument specs, with its kind's XLA options (compile/xla_options.py), and stores it
    for the next start.
 4. `_program` is the lookup every call makes; a key missing there (one the warm-up does not
    cover, such as a prompt-logprobs length) is obtained on first use.
@@ -36,9 +36,9 @@ import jax.numpy as jnp
 
 from splitserve.engine import controls as ctl
 from splitserve.engine import programs as prog
+from splitserve.engine.compile.xla_options import compile_options
 from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS
 from splitserve.engine.model.prefill_continue import prefill_continue_fn
-from splitserve.engine.xla_options import compile_options
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from splitserve.engine import controls as ctl
 from splitserve.engine import programs as prog
-from splitserve.engine.buckets import pick
+from splitserve.engine.compile.buckets import pick
 from splitserve.engine.interface import StepMasks
 
 

@@ -39,7 +39,7 @@ weights and activations rounded, float32 sums), which CPUs with bfloat16 matrix 
 several times as fast.
 Every program is compiled ahead of time (`warmup`, jax_compile.py) and kept as an executable,
 so no step ever pays a compile after the worker says Ready; with an `executable_dir` they are
-stored there too, and a restart loads them instead of compiling (executables.py). Only the
+stored there too, and a restart loads them instead of compiling (compile/executables.py). Only the
 programs that have a stand-in may come after Ready on a cold start (the k-step decode programs:
 k single steps meanwhile).
 The prefill path is jax_prefill.py, prefill from a cached prefix jax_prefix.py, the controlled
@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from splitserve.engine import programs as prog
-from splitserve.engine.buckets import (
+from splitserve.engine.compile.buckets import (
     batch_buckets,
     capacity_buckets,
     check_buckets,
@@ -66,8 +66,8 @@ from splitserve.engine.buckets import (
     prefill_shapes,
     prompt_lengths,
 )
+from splitserve.engine.compile.executables import ExecutableStore
 from splitserve.engine.control_rows import ControlRows
-from splitserve.engine.executables import ExecutableStore
 from splitserve.engine.interface import (
     Engine,
     LogitsControls,
@@ -138,7 +138,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self.prefill_buckets = check_buckets(
             "prefill", prefill_buckets or length_buckets(16, max_seq_len), max_seq_len
         )
-        # a lone prompt pads to finer lengths (buckets.py: a pass costs what it pads to);
+        # a lone prompt pads to finer lengths (compile/buckets.py: a pass costs what it pads to);
         # named buckets are used as they are. Batches, continuations and decode's insert
         # widths keep the coarse buckets, whose programs multiply with their number.
         self.prompt_lengths = (
@@ -221,7 +221,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.rows_moved = 0  # compaction moves so far (a figure for benchmarks)
         self.prefix_reuse = prefix_reuse  # warm-up compiles prefill_cached's programs too
-        if executable_dir:  # compiled programs kept for the next start (executables.py)
+        if executable_dir:  # compiled programs kept for the next start (compile/executables.py)
             self.executables = ExecutableStore(executable_dir, self.program_identity())
 
     def _cache_shapes(self, capacity: int) -> tuple[tuple, tuple]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from splitserve.engine import programs as prog
-from splitserve.engine.buckets import pick
+from splitserve.engine.compile.buckets import pick
 from splitserve.engine.control_rows import ControlRows
 from splitserve.engine.interface import (
     LogitsControls,

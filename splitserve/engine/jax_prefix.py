@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from splitserve.engine.buckets import pick
+from splitserve.engine.compile.buckets import pick
 from splitserve.engine.interface import Prefix, SamplingParams
 from splitserve.engine.model.prefill_continue import continue_shapes
 

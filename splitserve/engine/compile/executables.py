@@ -53,7 +53,8 @@ MAGIC = b"splitserve-xla-2\n"  # an entry: MAGIC, the payload's SHA-256, the pay
 DIGEST_BYTES = hashlib.sha256().digest_size
 LOADING = ".loading"  # beside an entry while it is being loaded (the crash marker)
 KEEP_BYTES = 2 << 30  # the store's size bound (the default model's programs take about 0.2 GiB)
-_ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
+# the engine package (this module's folder's parent): its code is part of the build identity
+_ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the markers of this process's loads in flight (no lock: abandon_loads runs in a signal handler,
 # and a set's add and discard are atomic)
 _loading: set[str] = set()
