@@ -1,5 +1,7 @@
 """What the decode worker adds around the engine for requests with logits controls or a grammar
-(DESIGN.md section 11); a batch without any takes exactly the plain path.
+(per-slot inputs of the compiled step; the grammar advances here, where each token is first
+known, and its next mask is computed while a step runs); a batch without any takes exactly the
+plain path.
 
 - insert: the engine gets the request's LogitsControls and its history (the prompt, whose last
   first_seq tokens are the output so far) when they need it; a grammar gets its matcher, replayed

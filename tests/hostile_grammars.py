@@ -1,4 +1,4 @@
-"""Grammars that overflow the grammar engine's native stack (issue 50, point 3), shared by the
+"""Grammars that overflow the grammar engine's native stack, shared by the
 tests of the bounds, the contained children and the router."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The admin endpoints (router/http/admin.py) with the real router: they take an admin key of
-their own, never the clients' API key (issue 50: any client could ask for 256 detok workers),
+their own, never the clients' API key (with it, any client could ask for 256 detok workers),
 are refused altogether without one, saying how to turn them on, refuse a pool this host's
 memory cannot hold (router/detok_memory.py), and `splitserve serve` starts the workers of a
 grown pool a few at a time (splitserve/launch/detok_pool.py)."""

@@ -1,4 +1,4 @@
-"""The API key stays secret (issue 16): it was written in clear into a 0644 cluster.toml and
+"""The API key stays secret: it was once written in clear into a 0644 cluster.toml and
 showed in /proc/PID/cmdline. Now `splitserve serve` reads it from SPLITSERVE_API_KEY or
 --api-key-file (0600), no process of the stack has it on its command line or in the children's
 cluster file, the router reads it from a 0600 file beside that, the workers' environments do

@@ -161,7 +161,7 @@ def test_a_send_the_prefill_worker_refuses_ends_the_request_at_once(tokenizer_51
 @pytest.mark.parametrize(
     "params, field",
     [
-        (RequestParams(stop=("\udfff",)), "stop"),  # the 16 requests that froze admission
+        (RequestParams(stop=("\udfff",)), "stop"),  # the 16 requests that once froze admission
         (RequestParams(temperature=1e-30), "temperature"),
         (RequestParams(temperature=float("nan")), "temperature"),
     ],

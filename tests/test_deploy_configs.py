@@ -1,4 +1,4 @@
-"""The cluster file is the one source of truth of what runs where (issue 21): [hosts.NAME] roles
+"""The cluster file is the one source of truth of what runs where: [hosts.NAME] roles
 name whole roles or single workers; the shipped supervisord configs are exactly what
 `splitserve deploy supervisord` writes from the shipped cluster files (so they cannot drift);
 and deploy/launch.sh runs what the file gives its host: here two "hosts" on one machine, one with

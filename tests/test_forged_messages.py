@@ -1,4 +1,4 @@
-"""A process that can reach a worker's socket cannot change a user's answer (issue 16): forged
+"""A process that can reach a worker's socket cannot change a user's answer: forged
 TextBatch ("<<INJECTED BY IMPOSTOR>>"), TokenBatch, Heartbeat and RequestFailed sent into a real
 stack while a request streams. With CURVE on tcp a process without the cluster's keys reaches
 nothing, and a process of the cluster speaks only for itself; on ipc only this user reaches the

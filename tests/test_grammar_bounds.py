@@ -1,5 +1,5 @@
 """The bounds on a client's grammar (splitserve/grammar/bounds.py), checked before anything
-compiles it: the shapes that overflow the grammar engine's stack (issue 50, point 3: 3,000
+compiles it: the shapes that overflow the grammar engine's stack (3,000
 chained Lark rules, a 3,000-long $ref chain) are refused naming the bound, in linear time, and
 real schemas (the structured-output corpus, recursive ones included) pass. Size and rules are
 checked when the spec is made (the router's loop), nesting and $ref chains by compile_spec

@@ -1,6 +1,6 @@
 """A request's own chat template, with the operator's leave ([router]
 trust_request_chat_template, --trust-request-chat-template), compiles and renders in the
-router's contained child, bounded (issue 50, point 4): nested loops of 10,000 are a 400 at the
+router's contained child, bounded: nested loops of 10,000 are a 400 at the
 time limit while /health and other streams are served; `'x' * n` and a string doubled
 without end are a 400; a benign template renders as before; and a large chat rendered by the
 model's own template goes to the child too and renders the same. (Refused without the
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(180)
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hello"}]
-# the issue's two nested loops of 10,000 (seconds on the event loop before the fix), inside a
+# two nested loops of 10,000 (seconds on the event loop when templates rendered there), inside a
 # third: no machine finishes it within the time limit, so the 400 comes from the limit for sure
 NESTED_LOOPS = ("{% for h in range(10000) %}{% for i in range(10000) %}{% for j in range(10000) %}"
                 "{% endfor %}{% endfor %}{% endfor %}{{ messages[0].content }}")  # fmt: skip

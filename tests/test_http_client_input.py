@@ -1,4 +1,4 @@
-"""Every client input ends in a clear 4xx and leaks nothing (issue 16): lone UTF-16 surrogates in
+"""Every client input ends in a clear 4xx and leaks nothing: lone UTF-16 surrogates in
 any string of the body, a client that leaves while its body uploads, and numbers the float32
 sampler cannot honour. Real worker processes and router process, the fake engine, raw sockets
 where a client must misbehave in ways httpx will not."""
@@ -116,7 +116,7 @@ def test_a_utf8_encoded_surrogate_is_malformed_json(stack):
 
 
 def test_sixteen_surrogate_stops_leave_admission_free(stack):
-    """The issue's reproduction: each such request answered 500 and kept its admission place
+    """Each such request once answered 500 and kept its admission place
     until request_timeout_s, so that a handful of them froze the server."""
     conn = connect(stack)
     try:

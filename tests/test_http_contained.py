@@ -1,4 +1,4 @@
-"""One request must not kill the router (issue 50, point 3): grammars that overflow the grammar
+"""One request must not kill the router: grammars that overflow the grammar
 engine's native stack (3,000 chained Lark rules; a 3,000-long $ref chain; a schema past no
 single bound whose $ref chain runs through deep nesting) each get a 400, and the router process
 serves on: the same pid, /health 200, a normal request and a structured one served afterwards.

@@ -1,4 +1,4 @@
-"""One client cannot deny service to others (issue 16): connections that trickle their headers, or
+"""One client cannot deny service to others: connections that trickle their headers, or
 stall their body, are closed after header_timeout_s / body_timeout_s; thousands of them, from one
 address or from many, cannot keep a normal client from getting 200s; a request being served is
 never closed to make room. Loopback only: the misbehaving clients connect from other addresses of
@@ -6,8 +6,8 @@ never closed to make room. Loopback only: the misbehaving clients connect from o
 
 The floods here are 1,000 connections: ten times the per-address limit and two and a half times
 the total limit of the stack below, while their trickled header lines (one a second each) stay
-light enough for a busy two-core CI machine. The issue's 2,000 were measured by hand with the same
-code (see the closing note)."""
+light enough for a busy two-core CI machine. 2,000 of them were tried by hand with the same
+code."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def test_the_router_receiver_has_its_limit(tokenizer_512):
 
 
 def test_every_worker_receiver_has_its_limit(tokenizer_512):
-    """The workers' receivers (issue 16 part B): decode's from its engine's KV bytes per token
+    """The workers' receivers: decode's from its engine's KV bytes per token
     (the fake engine's: 4), the others' from the control messages' bounds."""
     import threading
 

@@ -1,4 +1,4 @@
-"""A model path this host cannot load (issue 50: `--model HuggingFaceTB/SmolLM2-135M`, a hub id,
+"""A model path this host cannot load (`--model HuggingFaceTB/SmolLM2-135M`, a hub id, once
 started every process, two died with tracebacks, then `serve` exited 1): refused by `splitserve
 serve` before any process starts, and by a role process started alone, in one clear line with
 what to do instead (splitserve/model_source.py); "default" and random:<preset> stay valid."""

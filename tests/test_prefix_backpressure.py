@@ -1,4 +1,4 @@
-"""A prefix that a decode worker's socket does not take now is never dropped (issue 50, point 0):
+"""A prefix that a decode worker's socket does not take now is never dropped:
 it waits in the prefill worker's outbox (prefill_worker/outbox.py) and goes, in order, once the
 decode worker reads. What waits is bounded in bytes: over the bound, that decode worker's
 requests stay queued unprefilled while others go ahead, and an Abort takes a waiting prefix out.

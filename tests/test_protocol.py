@@ -104,7 +104,7 @@ good_beat = protocol.Heartbeat("prefill", 0, 9, protocol.PROTOCOL_VERSION, 0.01,
                                incarnation="i" * protocol.INCARNATION_CHARS)  # fmt: skip
 
 # Well-formed MessagePack, wrong in one value: each crashed a worker or fooled a handler before
-# the decoder checked element types and ranges (issue 16).
+# the decoder checked element types and ranges.
 WELL_FORMED_BUT_WRONG = {
     "TokenBatch request_ids [[1]]": _changed(good_batch, [2], [[1], [2]]),
     "Abort([[1]])": [b"\x05" + msgpack.packb([[[1]], [0]])],

@@ -1,4 +1,4 @@
-"""Liveness survives a busy router (issue 50, point 5): heartbeats are read by the inbox's own
+"""Liveness survives a busy router: heartbeats are read by the inbox's own
 thread as they arrive, so a router whose event loop was held up (thousands of clients, a flood
 answered 429) declares no live worker dead; a worker that really went silent still is; and an
 inbox that stopped reading because the loop is far behind judges no one until it has caught up."""

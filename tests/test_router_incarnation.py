@@ -1,5 +1,5 @@
 """A restarted router never hands one client another's text, and its predecessor's requests do not
-hold the workers (issue 50, points 1 and 2). Real processes, the fake engine: the router is
+hold the workers. Real processes, the fake engine: the router is
 SIGKILLed while a client's request is queued at the prefill worker (frozen by SIGSTOP, so that
 the request is surely still there) or decoding (streaming, so that it surely is); after the
 restart a second client sends another prompt under the same X-Request-Id and must get exactly

@@ -1,5 +1,5 @@
-"""The run directory of a serving stack deleted (a tmp cleaner; issue 50: the next worker restart
-failed on the missing cluster file, and after a decode worker died the stack answered 503 for
+"""The run directory of a serving stack deleted (a tmp cleaner; the next worker restart
+once failed on the missing cluster file, and after a decode worker died the stack answered 503 for
 good with its launcher up): `splitserve serve` notices on its next supervision pass and starts
 the stack again whole, in the same run dir when the cluster file names one, else a fresh one,
 and serves again (splitserve/launch/run_dir_watch.py)."""

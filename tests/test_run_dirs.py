@@ -1,8 +1,8 @@
-"""Run directories (issue 16): private (0700; another user's, or one open to others, refused),
+"""Run directories: private (0700; another user's, or one open to others, refused),
 removed by the launcher that made them on a clean stop, and reclaimed by the next start once
 their launcher is gone; a role started on its own with neither run_dir nor [addresses] refuses
 to start instead of making a directory nobody else finds (every request got 503 under
-supervisord). And the serve command leaves nothing behind. One stack to a run dir (issue 50): a
+supervisord). And the serve command leaves nothing behind. One stack to a run dir: a
 second launcher, or a second copy of a role process, is refused by name and touches nothing of
 the stack that holds it (it used to take over its sockets and hang in "starting")."""
 

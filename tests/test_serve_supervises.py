@@ -156,7 +156,7 @@ def test_the_detok_pool_grows_and_shrinks_under_load_losing_nothing(tokenizer_51
 
 
 def test_admin_endpoints_need_the_admin_key(tokenizer_512, tmp_path):
-    """Not the clients' API key (issue 50: any client could ask for 256 detok workers)."""
+    """Not the clients' API key (with it, any client could ask for 256 detok workers)."""
     serve = Serve(tokenizer_512, tmp_path)
     try:
         serve.wait(lambda: serve.health().get("status") == "ready", "ready")

@@ -1,4 +1,4 @@
-"""A worker that stops making progress is replaced (issue 50: a decode worker frozen by SIGSTOP
+"""A worker that stops making progress is replaced (before, a decode worker frozen by SIGSTOP
 was never replaced while the router answered 503 "a worker is being replaced"): `splitserve
 serve` reads each worker's progress record, SIGKILLs one whose heartbeat thread stopped for
 [lifecycle] stuck_timeout_s, and restarts it through its restart path, so a request waiting for

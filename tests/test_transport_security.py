@@ -1,4 +1,4 @@
-"""Peers are authenticated (issue 16): CURVE on tcp, one keypair per process. A receiver takes
+"""Peers are authenticated: CURVE on tcp, one keypair per process. A receiver takes
 messages only from the cluster's processes of a role that sends to it, and names the sender of
 each; a sender without keys, with a stranger's key, or of the wrong role delivers nothing; a
 sender reaches only the receiver whose public key it has. Safe by default: tcp beyond loopback

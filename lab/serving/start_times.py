@@ -1,6 +1,6 @@
 """How long `splitserve serve` takes to its ready line: cold (an empty JAX compilation cache) and
 warm (the cache the cold runs filled), each run several times; for every run also the longest
-gap between two lines of its output (issue 20: a cold start shows a line at least every 10 s).
+gap between two lines of its output (a cold start must show a line at least every 10 s).
 Prints one JSON object: each run's seconds and longest gap, and the medians (a shared machine is
 noisy: quote the medians).
 

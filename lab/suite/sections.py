@@ -65,7 +65,7 @@ def sections(quick: bool, tok8000: str, smollm2: str | None) -> list[Section]:
         concurrencies=(1, 16, 64, 128),
         num_requests=(24, 64, 128, 256),  # c=1: enough requests for a steady median TTFT
         prompt_tokens=128,
-        output_tokens=128,  # the issue's reference load: 16 streams of 128 output tokens
+        output_tokens=128,  # the targets' reference load: 16 streams of 128 output tokens
         cpu_threads=1,  # a second XLA thread gains nothing on the 7M shape; the stack needs it
     )
     detok = Section(

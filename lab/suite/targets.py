@@ -1,4 +1,4 @@
-"""The targets table of lab/suite.md: one row per target of the issue, each with what was
+"""The targets table of lab/suite.md: one row per target, each with what was
 measured and a verdict, from the sections' results; the detok-heavy load's two modes beside it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from splitserve.bench import report
 
 
 def targets(results: dict[str, SectionResult]) -> str:
-    """The issue's targets, one row each where the sections ran, and the detok-heavy load's two
+    """The suite's targets, one row each where the sections ran, and the detok-heavy load's two
     modes reported beside them."""
     tiny, detok = results.get("tiny"), results.get("detok")
     rows = [
@@ -101,7 +101,7 @@ def _step_gap_row(detok: SectionResult | None) -> list[str] | None:
 
 
 def _modes_row(tiny: SectionResult | None, streams: int) -> list[str] | None:
-    """The sweep at 64 and 128 streams is the issue's processes-vs-threads comparison."""
+    """The sweep at 64 and 128 streams is the targets' processes-vs-threads comparison."""
     p, t = find_run(tiny, "processes", streams), find_run(tiny, "threads", streams)
     if not (p and t):
         return None
@@ -136,7 +136,7 @@ def _ttft_row(tiny: SectionResult | None) -> list[str] | None:
 
 
 def _detok_modes_line(detok: SectionResult | None) -> str:
-    """The detok-heavy load runs at 128 streams only; the issue asks for threads mode to be
+    """The detok-heavy load runs at 128 streams only; threads mode is
     reported beside it, and the ceiling's drift between the two runs says how far to trust
     the difference."""
     c = detok.section.concurrencies[-1] if detok else 0
