@@ -114,7 +114,7 @@ def test_the_prefill_weight_formats_are_the_engines_own():
     from splitserve.engine.kernels.quant import BF16_NATIVE, BF16_XLA
 
     assert set(PREFILL_WEIGHT_FORMATS) == {"auto", "float32", BF16_XLA, BF16_NATIVE}
-    # exact by default: bfloat16 products change some answers (docs/benchmarks.md)
+    # exact by default: bfloat16 products change some answers (lab/benchmarks.md)
     model = config_from_dict({"cluster": {"run_dir": "/x"}}).model
     assert model.prefill_weight_format == "float32"
     raw = {"model": {"prefill_weight_format": BF16_XLA}, "cluster": {"run_dir": "/x"}}
