@@ -1,4 +1,4 @@
-"""The programs compiled after warm-up (jax_compile.py's deferred keys) end with their engine:
+"""The programs compiled after warm-up (the JAX engine's deferred keys) end with their engine:
 close() stops the compiles after the one in hand, leaving the rest to their stand-ins; one that
 fails to compile keeps its stand-in; and a process that exits while one compiles exits cleanly
 (a daemon thread killed inside an XLA compile used to abort it: C++ terminate, status 134)."""
@@ -13,9 +13,9 @@ import threading
 
 import pytest
 
-from splitserve.engine import jax_compile
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax_engine import build_jax_engine
+from splitserve.engine.jax import compiled_programs as jax_compile
+from splitserve.engine.jax.engine import build_jax_engine
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -64,7 +64,7 @@ def test_a_process_exiting_inside_a_background_compile_exits_cleanly():
     # XLA's compiler (seconds of C++ on that thread), and the main thread exits then
     script = textwrap.dedent(f"""
         import sys, threading
-        from splitserve.engine.jax_engine import build_jax_engine
+        from splitserve.engine.jax.engine import build_jax_engine
         eng = build_jax_engine(*{ARGS!r}, **{OPTIONS!r})
         eng.warmup(background=False)
         compiling = threading.Event()
@@ -102,7 +102,7 @@ def test_a_process_exiting_while_a_background_program_traces_stops_it_first():
             plain_exit(cls)
 
         weakref.finalize._exitfunc = classmethod(exitfunc)  # before anything registers it
-        from splitserve.engine.jax_engine import build_jax_engine
+        from splitserve.engine.jax.engine import build_jax_engine
         eng = build_jax_engine(*{ARGS!r}, **{OPTIONS!r})
         eng.warmup(background=False)
         real, in_hand = eng._obtain, threading.Event()

@@ -17,9 +17,9 @@ from splitserve.engine.compile.buckets import (
     prompt_lengths,
 )
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax_engine import build_jax_engine
+from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.slot_rows import SlotRows
 from splitserve.engine.kernels import qkernel
-from splitserve.engine.slot_rows import SlotRows
 
 SLOTS = 8
 MAX_SEQ = 64

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from splitserve.engine.interface import LogitsControls, SamplingParams, StepMasks
-from splitserve.engine.jax_engine import JaxEngine
+from splitserve.engine.jax.engine import JaxEngine
 from splitserve.engine.model.llama_config import preset
 from splitserve.engine.model.weights_random import random_weights
 from tests.engine_reference import reference_logits

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax_engine import JaxEngine
+from splitserve.engine.jax.engine import JaxEngine
 from splitserve.engine.kernels import qkernel, quant
 from splitserve.engine.model import llama_model
 from splitserve.engine.model.llama_config import LlamaConfig

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitserve.engine import sampling
+from splitserve.engine.jax import sampling
 
 V = 16
 _sample = jax.jit(sampling.sample)

@@ -10,9 +10,9 @@ import re
 import pytest
 from jaxlib import version
 
-from splitserve.engine import jax_compile
 from splitserve.engine.compile import xla_options
-from splitserve.engine.jax_engine import build_jax_engine
+from splitserve.engine.jax import compiled_programs as jax_compile
+from splitserve.engine.jax.engine import build_jax_engine
 
 YNN = "xla_cpu_experimental_ynn_fusion_type"
 measured = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import pytest
 
 from router.params import FLOAT32_TINY, MIN_TEMPERATURE, validate
 from router.requests import InvalidRequest, RequestParams
-from splitserve.engine import sampling
+from splitserve.engine.jax import sampling
 
 VOCAB = 512
 PROMPT = [1, 2, 3]

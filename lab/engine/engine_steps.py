@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from splitserve.engine import resolve_model_path
     from splitserve.engine.interface import SamplingParams
-    from splitserve.engine.jax_engine import JaxEngine, load_model, load_native
+    from splitserve.engine.jax.engine import JaxEngine, load_model, load_native
     from splitserve.engine.kernels import quant
 
     path = resolve_model_path(args.model)

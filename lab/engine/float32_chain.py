@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
 
     from splitserve.engine import resolve_model_path
-    from splitserve.engine.jax_engine import load_model
+    from splitserve.engine.jax.engine import load_model
     from splitserve.engine.kernels import huge_pages, qkernel
 
     if not qkernel.available():

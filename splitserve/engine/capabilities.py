@@ -4,7 +4,7 @@ the router refuses requests an engine cannot serve before they reach a worker.""
 from __future__ import annotations
 
 # Engines whose prefill / insert / generate take LogitsControls and grammar masks (the JAX
-# engine applies them in its compiled step: controls.py).
+# engine applies them in its compiled step: jax/controls.py).
 ENGINES_WITH_CONTROLS = frozenset({"fake", "jax"})
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-# the kinds of program (jax_compile.py's keys) that run prompts: everything else is decode-side
+# the kinds of program (a program key's first item) that run prompts; the rest are decode-side
 PROMPT_KINDS = frozenset({"prefill", "prefill_cont", "prompt"})
 
 _DECODE_SIDE = {

@@ -5,7 +5,7 @@ It is prefill_hidden (llama_model.py) for one sequence with two differences: the
 at positions m, m + 1, ... (their RoPE angles and the causal mask start there), and each layer's
 attention runs over the cached K/V followed by the new tokens' own. The cached K/V are what a
 prefill stored: K after RoPE, so they are used as they are. Traced inside jit by the engine
-(splitserve/engine/jax_prefix.py), one program per (cached bucket, new bucket).
+(splitserve/engine/jax/prefix_reuse.py), one program per (cached bucket, new bucket).
 """
 
 from __future__ import annotations

@@ -17,9 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from splitserve.engine import programs as prog
 from splitserve.engine.compile.buckets import pick
-from splitserve.engine.control_rows import ControlRows
 from splitserve.engine.interface import (
     LogitsControls,
     Prefix,
@@ -27,6 +25,8 @@ from splitserve.engine.interface import (
     SamplingParams,
     TopLogprobs,
 )
+from splitserve.engine.jax import programs as prog
+from splitserve.engine.jax.control_rows import ControlRows
 
 
 class PrefillPath:

@@ -2,7 +2,7 @@
 warms up, and where each executable comes from.
 
 1. `program_keys` lists every shape a prefill or a decode worker runs (batch, capacity and
-   length buckets; see jax_engine.py for what each program does).
+   length buckets; see engine.py for what each program does).
 2. `warmup` obtains them before the worker says Ready, on a few threads (XLA compiles
    and loads without holding the GIL), reporting each one (which, n of N, from where). The
    `deferred_keys` (each has a stand-in: a prefix-cache continuation runs the whole prompt, a
@@ -34,10 +34,10 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from splitserve.engine import controls as ctl
-from splitserve.engine import programs as prog
 from splitserve.engine.compile.xla_options import compile_options
 from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS
+from splitserve.engine.jax import controls as ctl
+from splitserve.engine.jax import programs as prog
 from splitserve.engine.model.prefill_continue import prefill_continue_fn
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class CompiledPrograms:
             if steps > 1:
                 args.append(spec((prog.FLOAT_ROWS, batch), f32))
             return prog.jit_decode(cfg, steps, self.attention), args
-        if kind == "prefill_cont":  # ("prefill_cont", cached bucket, new bucket): jax_prefix.py
+        if kind == "prefill_cont":  # ("prefill_cont", cached bucket, new bucket): prefix_reuse.py
             _, c, t = key
             kv = spec((cfg.layers, c, cfg.kv_heads, cfg.head_dim), self.cache_dtype)
             fn = jax.jit(partial(prefill_continue_fn, cfg))
@@ -198,7 +198,7 @@ class CompiledPrograms:
             # a prompt with controls or a first-token mask (prompt logprobs, rare and one
             # program per length, compile on first use)
             keys += [("controls", 1, h) for h in (False, True)]
-            # (the prefix cache's continuation programs are deferred_keys: jax_prefix.py)
+            # (the prefix cache's continuation programs are deferred_keys: prefix_reuse.py)
         if decode:  # decode samples every row of the batch when some row is not greedy
             keys += [("sample", b, False) for b in self.batch_buckets]
             keys += [("controls", n, h) for n in self.control_counts for h in (False, True)]

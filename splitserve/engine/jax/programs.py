@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from splitserve.engine import controls
-from splitserve.engine import sampling as sampler
+from splitserve.engine.jax import controls
+from splitserve.engine.jax import sampling as sampler
 from splitserve.engine.model import llama_model
 
 # Rows of the packed per-step int32 input.

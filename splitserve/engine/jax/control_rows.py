@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from splitserve.engine import controls as ctl
 from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS, LogitsControls
+from splitserve.engine.jax import controls as ctl
 
 
 class ControlRows:

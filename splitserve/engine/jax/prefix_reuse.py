@@ -1,14 +1,14 @@
 """JaxEngine's prefill from a cached prefix (Engine.prefill_cached), as a mixin: the keys of
-the "prefill continuation" programs (model/prefill_continue.py; jax_compile.py lowers them), their
-compile in the background, and the call.
+the "prefill continuation" programs (model/prefill_continue.py; compiled_programs.py lowers
+them), their compile in the background, and the call.
 
-Kept apart from jax_engine.py so that the engine's own prefill path is untouched: a prompt
+Kept apart from engine.py so that the engine's own prefill path is untouched: a prompt
 with a cached prefix runs one continuation program, bucketed by (cached length, new length)
 over the prefill buckets, and its Prefix is built exactly as prefill's (the whole prompt's KV,
 cut to its true length, plus the first token sampled by the same "sample" program).
 
 There is one program per bucket pair (63 for the default 2,048-token context): compiling them
-before Ready made a cold start minutes longer. They are deferred programs (jax_compile.py):
+before Ready made a cold start minutes longer. They are deferred programs (compiled_programs.py):
 compiled after warm-up on a background thread unless the executable store has them, and until
 a prompt's program is ready it is prefilled whole (cached_tokens 0): the same result, only
 slower.

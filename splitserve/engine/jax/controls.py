@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from splitserve.engine import sampling as sampler
 from splitserve.engine.interface import MAX_TOP_LOGPROBS
+from splitserve.engine.jax import sampling as sampler
 
 REP, FREQ, PRES, MIN_P = range(4)
 CF_ROWS = 4

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitserve.engine import controls as ctl
-from splitserve.engine import programs as prog
 from splitserve.engine.compile.buckets import pick
 from splitserve.engine.interface import StepMasks
+from splitserve.engine.jax import controls as ctl
+from splitserve.engine.jax import programs as prog
 
 
 class ControlledSteps:

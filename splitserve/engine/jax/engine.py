@@ -37,13 +37,13 @@ measured) and float32 for any other checkpoint (int8 and bfloat16 round its weig
 prefill defaults to float32, and may take XLA's bfloat16 products instead (quant.BF16_XLA:
 weights and activations rounded, float32 sums), which CPUs with bfloat16 matrix units run
 several times as fast.
-Every program is compiled ahead of time (`warmup`, jax_compile.py) and kept as an executable,
+Every program is compiled ahead of time (`warmup`, compiled_programs.py) and kept as an executable,
 so no step ever pays a compile after the worker says Ready; with an `executable_dir` they are
 stored there too, and a restart loads them instead of compiling (compile/executables.py). Only the
 programs that have a stand-in may come after Ready on a cold start (the k-step decode programs:
 k single steps meanwhile).
-The prefill path is jax_prefill.py, prefill from a cached prefix jax_prefix.py, the controlled
-rows of a decode step jax_controlled.py.
+The prefill path is prefill.py, prefill from a cached prefix prefix_reuse.py, the controlled
+rows of a decode step controlled.py.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from splitserve.engine import programs as prog
 from splitserve.engine.compile.buckets import (
     batch_buckets,
     capacity_buckets,
@@ -67,7 +66,6 @@ from splitserve.engine.compile.buckets import (
     prompt_lengths,
 )
 from splitserve.engine.compile.executables import ExecutableStore
-from splitserve.engine.control_rows import ControlRows
 from splitserve.engine.interface import (
     Engine,
     LogitsControls,
@@ -77,17 +75,19 @@ from splitserve.engine.interface import (
     StepOutput,
     TopLogprobs,
 )
-from splitserve.engine.jax_compile import CompiledPrograms
-from splitserve.engine.jax_controlled import ControlledSteps
-from splitserve.engine.jax_prefill import PrefillPath
-from splitserve.engine.jax_prefix import PrefixReuse
+from splitserve.engine.jax import programs as prog
+from splitserve.engine.jax.compiled_programs import CompiledPrograms
+from splitserve.engine.jax.control_rows import ControlRows
+from splitserve.engine.jax.controlled import ControlledSteps
+from splitserve.engine.jax.prefill import PrefillPath
+from splitserve.engine.jax.prefix_reuse import PrefixReuse
+from splitserve.engine.jax.slot_rows import SlotRows
 from splitserve.engine.kernels import qkernel, quant
 from splitserve.engine.kernels.huge_pages import collapse as collapse_onto_huge_pages
 from splitserve.engine.model import llama_model
 from splitserve.engine.model.llama_config import LlamaConfig
 from splitserve.engine.model.model_files import load_model, load_native
 from splitserve.engine.slot_count import auto_slots
-from splitserve.engine.slot_rows import SlotRows
 
 __all__ = ["JaxEngine", "build_jax_engine", "load_model", "load_native"]
 
