@@ -102,7 +102,7 @@ def test_a_torn_or_untrusted_file_is_not_run(tmp_path, caplog):
 
 
 def test_a_flipped_byte_is_caught_before_loading_and_the_program_compiled_again(tmp_path):
-    """A byte flipped in every stored executable (issue 50: some such files loaded without an
+    """A byte flipped in every stored executable (before, some such files loaded without an
     error and then aborted the worker in LLVM, at every start): none is deserialized, each is
     counted and compiled again, and the programs compute what they did."""
     store = str(tmp_path / "x")
