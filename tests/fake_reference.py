@@ -1,4 +1,4 @@
-"""The fake engine's documented arithmetic with logits controls (splitserve/engine/fake.py's
+"""The fake engine's documented arithmetic with logits controls (splitserve/engine/fake/engine.py's
 docstring), written again here from the text, in plain numpy, so that the tests check the engine
 and the whole pipeline against a reference that shares no code with them."""
 

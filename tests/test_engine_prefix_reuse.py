@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from splitserve.engine.fake import FakeEngine
+from splitserve.engine.fake.engine import FakeEngine
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax.engine import build_jax_engine
 from splitserve.engine.model.prefill_continue import continue_shapes

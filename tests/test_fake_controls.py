@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitserve.engine.fake import FakeEngine, fake_logprob
+from splitserve.engine.fake.engine import FakeEngine, fake_logprob
 from splitserve.engine.interface import LogitsControls, SamplingParams, StepMasks
 from tests import fake_reference as ref
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from splitserve.engine.fake import fake_logprob
+from splitserve.engine.fake.engine import fake_logprob
 from splitserve.tokenizers import load_tokenizer
 from tests.http_stack import (
     assert_error_shape,

@@ -86,7 +86,7 @@ def test_the_load_reports_check_is_redone_only_after_a_change(monkeypatch):
     cache changed since the last one, and a broken invariant still shows at the next change."""
     from prefill_worker.prefix_reuse import PrefixReuse
     from splitserve.config import ModelConfig
-    from splitserve.engine.fake import FakeEngine
+    from splitserve.engine.fake.engine import FakeEngine
 
     reuse = PrefixReuse(FakeEngine(2, 256, 1000), ModelConfig(path="random:tiny"))
     cache = reuse.cache

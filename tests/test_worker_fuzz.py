@@ -24,7 +24,7 @@ from decode_worker.worker import DecodeWorker
 from detok_worker.worker import DetokWorker
 from prefill_worker.worker import PrefillWorker
 from splitserve import protocol
-from splitserve.engine.fake import fake_first_token, fake_logprob
+from splitserve.engine.fake.engine import fake_first_token, fake_logprob
 from splitserve.engine.interface import SamplingParams
 from splitserve.protocol import (
     DetokParams,

@@ -4,7 +4,7 @@
 For each schema of tests/schema_corpus.py (and json_object mode's {"type": "object"}): the
 grammar's compile time, and the time of each
 step's token mask along a walk of up to 64 tokens (each step takes the allowed token the fake
-engine's rule would: the smallest d, see splitserve/engine/fake.py), as p50 / p99 over all
+engine's rule would: the smallest d, see splitserve/engine/fake/engine.py), as p50 / p99 over all
 steps. outlines-core is measured only where it is installed (pip install outlines-core); it is
 not a dependency of this project. docs/grammar.md records a run.
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from splitserve.engine.fake import fake_order  # noqa: E402
+from splitserve.engine.fake.engine import fake_order  # noqa: E402
 from splitserve.engine.model.default_model import default_model_path  # noqa: E402
 from splitserve.tokenizers import load_tokenizer  # noqa: E402
 from tests.schema_corpus import SCHEMAS as CORPUS  # noqa: E402

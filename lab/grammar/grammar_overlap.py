@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from splitserve.engine.fake import FakeEngine  # noqa: E402
+from splitserve.engine.fake.engine import FakeEngine  # noqa: E402
 from splitserve.engine.interface import LogitsControls, SamplingParams, StepMasks  # noqa: E402
 from splitserve.engine.model.default_model import default_model_path  # noqa: E402
 from splitserve.grammar import specs  # noqa: E402

@@ -24,7 +24,7 @@ def build_engine(
     (None: both, as benchmarks use it); most_slots holds num_slots "auto" ([router]
     max_running: slots beyond what runs at once would never fill)."""
     if model.engine == "fake":
-        from splitserve.engine.fake import FakeEngine
+        from splitserve.engine.fake.engine import FakeEngine
         from splitserve.engine.slot_count import FAKE_ENGINE_SLOTS
 
         return FakeEngine(

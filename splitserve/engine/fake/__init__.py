@@ -1,0 +1,2 @@
+"""The fake engine: the Engine interface with hand-checkable arithmetic and no model, for pipeline
+tests and overhead measurements."""
