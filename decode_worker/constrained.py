@@ -20,11 +20,11 @@ from concurrent.futures import Future
 import numpy as np
 
 from decode_worker.slots import Slot
-from splitserve.engine.interface import Engine, LogitsControls, Prefix, StepOutput, TopLogprobs
+from splitserve.engine.interface import Engine, Prefix, StepOutput, TopLogprobs
 from splitserve.grammar.masks import SlotGrammars
 from splitserve.grammar.matcher import GrammarState
 from splitserve.grammar.vocabulary import ready
-from splitserve.protocol import PrefixHeader
+from splitserve.protocol import LogitsControls, PrefixHeader
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,10 @@
 """The router core: a request's life from admission to its one end, composed of small parts.
 
 A request's path through the router core:
- 1. submit() checks the prompt and parameters against the one table of bounds (router/params.py),
-    refuses max_tokens beyond the context, and builds and encodes the request's message (refused
-    if it could not travel); only then is the request id reserved (router/request_table.py).
+ 1. submit() checks the prompt and parameters against the one table of bounds and refuses
+    max_tokens beyond the context, then builds and encodes the request's message, refused if it
+    could not travel (router/params.py); only then is the request id reserved
+    (router/request_table.py).
  2. Admission (router/admission.py) lets it into the pipeline at once, queues it, or refuses it
     (Overloaded / NotReady).
  3. Placement (router/placement.py) stamps its prefill, decode and detok workers and its
@@ -25,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -38,7 +38,7 @@ from router.links import WorkerLinks
 from router.liveness import LivenessMonitor
 from router.metrics import RouterMetrics
 from router.migration import Migrator
-from router.params import MAX_SEED, logits_controls, validate
+from router.params import check_engine, request_message, validate
 from router.placement import NoLiveWorker, Placement
 from router.prefix_affinity import PrefixAffinity
 from router.request_table import RequestTable
@@ -46,19 +46,15 @@ from router.requests import InvalidRequest, NotReady, RequestHandle, RequestPara
 from router.workers import MAX_DETOK_WORKERS, WorkerState, WorkerTable
 from splitserve import protocol
 from splitserve.config import ClusterConfig
-from splitserve.engine.capabilities import supports_controls
-from splitserve.engine.interface import SamplingParams
 from splitserve.message_limits import max_message_bytes
 from splitserve.progress import ProgressRecord, progress_path
 from splitserve.protocol import (
     DecodeLoad,
-    DetokParams,
     DetokPool,
     FinishReason,
     GenerateRequest,
     PrefillLoad,
     RouterHello,
-    StopCriteria,
     TransportCounters,
 )
 
@@ -202,9 +198,9 @@ class RouterCore:
         reserved and a place in the pipeline taken; every failure from there on gives both back."""
         submitted = time.monotonic()
         params = validate(prompt, params, self.vocab_size, self.config.model.max_seq_len)
-        self._check_engine(params)
+        check_engine(params, self.config.model.engine)
         rid = request_id or self.requests.new_id()
-        unstamped = self._request_message(rid, prompt, params)
+        unstamped = request_message(rid, prompt, params, self.eos_ids, self.incarnation)
         self.requests.reserve(rid, claimed)
         try:
             await self._wait_for_pipeline()
@@ -247,52 +243,6 @@ class RouterCore:
                 self.metrics.rejected.labels("not_ready").inc()
                 raise NotReady("a worker is being replaced: try again later")
             await asyncio.sleep(DRAIN_POLL_S)
-
-    def _check_engine(self, params: RequestParams) -> None:
-        """Refuse what the configured engine cannot do (InvalidRequest)."""
-        engine = self.config.model.engine
-        if (params.grammar or logits_controls(params) is not None) and not supports_controls(
-            engine
-        ):
-            raise InvalidRequest(
-                f"the {engine} engine does not apply grammars, penalties, logit_bias, min_p,"
-                " bad_words, top_logprobs or prompt logprobs yet", code="unsupported_by_engine",
-            )  # fmt: skip
-
-    def _request_message(
-        self, rid: str, prompt: list[int], params: RequestParams
-    ) -> GenerateRequest:
-        """The GenerateRequest, not yet placed (its workers stamped at admission); InvalidRequest
-        if it cannot travel. The decode is the prefill worker's own check: a message it would
-        drop as malformed must be refused here, not left waiting for a first token."""
-        seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
-        msg = GenerateRequest(
-            rid,
-            0,  # epoch, decode and detok workers: stamped at admission (_stamp)
-            0,
-            0,
-            list(prompt),
-            0,
-            SamplingParams(params.temperature, params.top_p, params.top_k, seed),
-            StopCriteria(
-                params.max_tokens, params.min_tokens, params.ignore_eos, self.eos_ids,
-                list(params.stop_token_ids),
-            ),
-            DetokParams(
-                params.skip_special_tokens, list(params.stop), params.include_stop_str_in_output,
-                params.min_tokens,
-            ),
-            params.logprobs,
-            logits_controls(params),
-            params.grammar,
-            router_incarnation=self.incarnation,
-        )  # fmt: skip
-        try:
-            protocol.decode(protocol.encode(msg))
-        except (protocol.ProtocolError, TypeError, ValueError, OverflowError) as exc:
-            # UnicodeEncodeError is a ValueError; msgpack raises OverflowError for huge ints
-            raise InvalidRequest(f"the request cannot be sent to the workers: {exc}") from None
-        return msg
 
     def _stamp(
         self, unstamped: GenerateRequest, params: RequestParams, submitted: float

@@ -1,11 +1,9 @@
-"""Generation parameters: the one table of their bounds, read by the HTTP schemas and the core.
-
-BOUNDS says, per numeric field of RequestParams, which values a request may ask for; the HTTP
-schemas build their pydantic fields from it (so a bad value is a 400 naming the field before
-anything else runs) and validate() checks every request the core is given against the same table
-and against the model (its vocabulary and context). Values the float32 sampler cannot honour are
-refused, or resolved to the value it runs exactly (see the floors of temperature and top_p, and
-top_k beyond the vocabulary).
+"""Generation parameters: every request the core is given, checked against the one table of their
+bounds (splitserve/protocol/params.py: LIMITS, which the HTTP schemas build their fields from, so
+a bad value is a 400 naming the field before anything else runs) and against the model (its
+vocabulary and context), then turned into the wire's types (request_message). Values the float32
+sampler cannot honour are refused, or resolved to the value it runs exactly (see the floors of
+temperature and top_p, and top_k beyond the vocabulary).
 
 max_tokens beyond the room the context leaves is refused (400), as vLLM does, not clamped: a
 client that asked for more than can be generated learns it at once instead of finding a
@@ -14,94 +12,35 @@ client that asked for more than can be generated learns it at once instead of fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import secrets
+from dataclasses import replace
 
 from router.requests import InvalidRequest, RequestParams
-from splitserve.engine.interface import (
-    MAX_BAD_WORD_TOKENS,
-    MAX_BAD_WORDS,
-    MAX_LOGIT_BIAS,
-    NO_PROMPT_LOGPROBS,
-    LogitsControls,
-)
+from splitserve import protocol
+from splitserve.engine.capabilities import supports_controls
 from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
-from splitserve.protocol import FLOAT32_TINY
+from splitserve.protocol import GenerateRequest
+from splitserve.protocol.params import (
+    LIMITS,
+    MAX_SEED,
+    NO_PROMPT_LOGPROBS,
+    Bound,
+    DetokParams,
+    LogitsControls,
+    SamplingParams,
+    StopCriteria,
+)
 
-MAX_SEED = 2**63 - 1
-MAX_TOKENS = 1 << 20  # max_tokens beyond any context; validate() refuses what the context cannot
-MAX_TOP_K = 1 << 20
-MAX_STOP = 16  # stop strings per request
-MAX_STOP_CHARS = 1024  # characters per stop string
-MAX_STOP_TOKEN_IDS = 64
-MAX_LOGPROBS = 20
-
-
-# The sampler computes in float32 on hardware that flushes subnormal numbers to zero;
-# FLOAT32_TINY, float32's smallest normal number, is also the least top_p the wire accepts.
-# logits / temperature must not overflow float32 (3.4e38): with this floor it cannot for logits
-# up to 3e26 in size, far beyond any model's. Measured before the floor: temperature 1e-37 on
-# logits of about 90 sampled token 0, whatever the logits said.
-MIN_TEMPERATURE = 1e-12
-
-
-@dataclass(frozen=True)
-class Bound:
-    """A closed range [lo, hi], or (lo, hi] when lo_open; optionally with a floor: values above
-    lo but below the floor are out of float32's resolution, and are either refused (refuse_below)
-    or raised to the floor (when that changes nothing, see top_p)."""
-
-    lo: float
-    hi: float
-    lo_open: bool = False
-    floor: float | None = None
-    refuse_below: bool = True
-
-    def __contains__(self, value: Any) -> bool:
-        above = value > self.lo if self.lo_open else value >= self.lo
-        if self.floor is not None and self.refuse_below and self.lo < value < self.floor:
-            return False
-        return above and value <= self.hi
-
-    def resolve(self, value: Any) -> Any:
-        """The value the pipeline runs with (value is in the bound)."""
-        if self.floor is not None and not self.refuse_below and value < self.floor:
-            return self.floor
-        return value
-
-    def describe(self) -> str:
-        if self.floor is not None and self.refuse_below:
-            return f"{self.lo} or in [{self.floor}, {self.hi}]"
-        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}]"
-
-    def pydantic(self) -> dict[str, float]:
-        """The bound as pydantic Field keywords (the floor is validate()'s to check)."""
-        return {"gt" if self.lo_open else "ge": self.lo, "le": self.hi}
+# the client's bound of each parameter that is one value (the others are lists: see below)
+BOUNDS: dict[str, Bound] = {n: limit.client for n, limit in LIMITS.items() if limit.item is None}
+STOP, STOP_TOKEN_IDS, LOGIT_BIAS, BAD_WORDS = (
+    LIMITS[n] for n in ("stop", "stop_token_ids", "logit_bias", "bad_words")
+)
 
 
-BOUNDS: dict[str, Bound] = {
-    "max_tokens": Bound(1, MAX_TOKENS),
-    "min_tokens": Bound(0, MAX_TOKENS),
-    # OpenAI's range; 0 is greedy, and a temperature between 0 and the floor is refused (it
-    # would overflow, see MIN_TEMPERATURE) rather than guessed at: the client may mean greedy.
-    "temperature": Bound(0.0, 2.0, floor=MIN_TEMPERATURE),
-    # A top_p below FLOAT32_TINY would reach the sampler as 0 (a subnormal is flushed) and keep
-    # no token at all: measured, 1e-38 sampled tokens of logprob -8 to -13 instead of the greedy
-    # one. Raising it to the floor is exact, not a guess: top_p keeps the smallest set of most
-    # likely tokens whose mass reaches top_p, and the most likely token alone has mass at least
-    # 1 / vocabulary size, far above the floor, so every top_p up to that keeps the same set.
-    "top_p": Bound(0.0, 1.0, lo_open=True, floor=FLOAT32_TINY, refuse_below=False),
-    "top_k": Bound(0, MAX_TOP_K),  # 0: off (the HTTP API also takes vLLM's -1 for off)
-    "seed": Bound(0, MAX_SEED),
-    "presence_penalty": Bound(-2.0, 2.0),  # OpenAI's ranges
-    "frequency_penalty": Bound(-2.0, 2.0),
-    # vLLM's: above 1 discourages repeats, below encourages; 0 would divide by zero
-    "repetition_penalty": Bound(0.0, 2.0, lo_open=True, floor=FLOAT32_TINY),
-    "min_p": Bound(0.0, 1.0),
-    "top_logprobs": Bound(0, MAX_LOGPROBS),
-    "prompt_logprobs": Bound(0, MAX_LOGPROBS),
-}
-LOGIT_BIAS = Bound(-100.0, 100.0)  # OpenAI's range of each bias
+def field_bounds(name: str) -> dict[str, float]:
+    """Parameter `name`'s bound as the keywords of its pydantic Field (router/http/schemas.py)."""
+    return BOUNDS[name].pydantic()
 
 
 def validate(
@@ -129,17 +68,18 @@ def validate(
             resolved[name] = bound.resolve(value)
     if p.min_tokens > p.max_tokens:
         raise InvalidRequest("min_tokens must be between 0 and max_tokens", "min_tokens")
-    if len(p.stop) > MAX_STOP or any(not 1 <= len(s) <= MAX_STOP_CHARS for s in p.stop):
+    stops, chars = STOP.client, STOP.item.client
+    if len(p.stop) not in stops or any(len(s) not in chars for s in p.stop):
         raise InvalidRequest(
-            f"at most {MAX_STOP} stop strings, each of 1-{MAX_STOP_CHARS} characters", "stop"
+            f"at most {stops.hi} stop strings, each of {chars.lo}-{chars.hi} characters", "stop"
         )
     if not all(_is_text(s) for s in p.stop):
         raise InvalidRequest("stop strings must be valid Unicode (no lone surrogates)", "stop")
-    if len(p.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(
+    if len(p.stop_token_ids) not in STOP_TOKEN_IDS.client or any(
         not 0 <= t < vocab_size for t in p.stop_token_ids
     ):
         raise InvalidRequest(
-            f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids, each in [0, {vocab_size})",
+            f"at most {STOP_TOKEN_IDS.client.hi} stop_token_ids, each in [0, {vocab_size})",
             "stop_token_ids",
         )
     if p.top_k >= vocab_size:  # exact: the top vocabulary-size tokens are all of them
@@ -157,21 +97,20 @@ def validate(
 
 def _validate_controls(p: RequestParams, vocab_size: int) -> None:
     ids = [t for t, _ in p.logit_bias]
-    if len(ids) > MAX_LOGIT_BIAS or len(set(ids)) != len(ids):
-        raise InvalidRequest(f"logit_bias: at most {MAX_LOGIT_BIAS} distinct token ids",
-                             "logit_bias")  # fmt: skip
+    most, bias = LOGIT_BIAS.client.hi, LOGIT_BIAS.item.client
+    if len(ids) not in LOGIT_BIAS.client or len(set(ids)) != len(ids):
+        raise InvalidRequest(f"logit_bias: at most {most} distinct token ids", "logit_bias")
     if any(type(t) is not int or not 0 <= t < vocab_size for t in ids):
         raise InvalidRequest(f"logit_bias: token ids must be in [0, {vocab_size})", "logit_bias")
-    if any(b not in LOGIT_BIAS for _, b in p.logit_bias):
-        raise InvalidRequest(f"logit_bias: each bias must be {LOGIT_BIAS.describe()}",
-                             "logit_bias")  # fmt: skip
-    if len(p.bad_words) > MAX_BAD_WORDS or any(
-        not 1 <= len(w) <= MAX_BAD_WORD_TOKENS or not all(0 <= t < vocab_size for t in w)
-        for w in p.bad_words
+    if any(b not in bias for _, b in p.logit_bias):
+        raise InvalidRequest(f"logit_bias: each bias must be {bias.describe()}", "logit_bias")
+    words = BAD_WORDS.item.client
+    if len(p.bad_words) not in BAD_WORDS.client or any(
+        len(w) not in words or not all(0 <= t < vocab_size for t in w) for w in p.bad_words
     ):
         raise InvalidRequest(
-            f"bad_words: at most {MAX_BAD_WORDS} token sequences (a word counts once with and"
-            f" once without a leading space) of 1-{MAX_BAD_WORD_TOKENS} tokens", "bad_words",
+            f"bad_words: at most {BAD_WORDS.client.hi} token sequences (a word counts once with"
+            f" and once without a leading space) of {words.lo}-{words.hi} tokens", "bad_words",
         )  # fmt: skip
     if len(p.grammar) > MAX_GRAMMAR_CHARS:
         raise InvalidRequest(f"the output's grammar is over {MAX_GRAMMAR_CHARS} characters",
@@ -195,6 +134,46 @@ def logits_controls(p: RequestParams) -> LogitsControls | None:
 
 
 NEUTRAL = LogitsControls()
+
+
+def check_engine(p: RequestParams, engine: str) -> None:
+    """Refuse what the configured engine cannot do (InvalidRequest)."""
+    if (p.grammar or logits_controls(p) is not None) and not supports_controls(engine):
+        raise InvalidRequest(
+            f"the {engine} engine does not apply grammars, penalties, logit_bias, min_p,"
+            " bad_words, top_logprobs or prompt logprobs yet", code="unsupported_by_engine",
+        )  # fmt: skip
+
+
+def request_message(
+    rid: str, prompt: list[int], p: RequestParams, eos_ids: list[int], incarnation: int
+) -> GenerateRequest:
+    """The request's GenerateRequest, not yet placed (its workers are stamped at admission);
+    InvalidRequest if it cannot travel. The decode is the prefill worker's own check: a message
+    it would drop as malformed must be refused here, not left waiting for a first token."""
+    seed = p.seed if p.seed is not None else secrets.randbelow(MAX_SEED)
+    msg = GenerateRequest(
+        rid,
+        0,  # epoch, decode and detok workers: stamped at admission (RouterCore._stamp)
+        0,
+        0,
+        list(prompt),
+        0,
+        SamplingParams(p.temperature, p.top_p, p.top_k, seed),
+        StopCriteria(p.max_tokens, p.min_tokens, p.ignore_eos, eos_ids, list(p.stop_token_ids)),
+        DetokParams(p.skip_special_tokens, list(p.stop), p.include_stop_str_in_output,
+                    p.min_tokens),
+        p.logprobs,
+        logits_controls(p),
+        p.grammar,
+        router_incarnation=incarnation,
+    )  # fmt: skip
+    try:
+        protocol.decode(protocol.encode(msg))
+    except (protocol.ProtocolError, TypeError, ValueError, OverflowError) as exc:
+        # UnicodeEncodeError is a ValueError; msgpack raises OverflowError for huge ints
+        raise InvalidRequest(f"the request cannot be sent to the workers: {exc}") from None
+    return msg
 
 
 def _is_text(s: str) -> bool:

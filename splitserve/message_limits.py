@@ -11,9 +11,9 @@ control messages only, whose size follows from the bounds of what they carry.
 from __future__ import annotations
 
 from splitserve.config import ClusterConfig
-from splitserve.engine.interface import MAX_TOP_LOGPROBS
 from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
 from splitserve.protocol import MAX_WIRE_STOP_CHARS, MAX_WIRE_STOPS
+from splitserve.protocol.params import MAX_TOP_LOGPROBS
 from splitserve.transport import SEND_HWM
 
 # Room for everything in a control message besides what grows with the context or the batch:

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 import router.core
+import router.params
 from router.core import RouterCore
 from router.requests import InvalidRequest, NotReady, RequestParams
 from splitserve import protocol
@@ -96,7 +97,7 @@ def _second_call_fails(real):
 # Each step of submit in order, as (name, how to make it fail). The core is `c`.
 STEPS = {
     "validate": lambda c, mp: mp.setattr(router.core, "validate", _boom),
-    "build the message": lambda c, mp: mp.setattr(router.core, "GenerateRequest", _boom),
+    "build the message": lambda c, mp: mp.setattr(router.params, "GenerateRequest", _boom),
     "encode it": lambda c, mp: mp.setattr(protocol, "encode", _boom),
     "decode it back": lambda c, mp: mp.setattr(protocol, "decode", _boom),
     "reserve the id": lambda c, mp: mp.setattr(c.requests, "reserve", _boom),
@@ -254,7 +255,7 @@ def test_an_engine_without_logits_controls_refuses_requests_that_need_them(
 ):
     """The router says 400 before anything is held, instead of a worker failing the request.
     (Both engines apply controls now: the JAX engine is marked without them here.)"""
-    monkeypatch.setattr("router.core.supports_controls", lambda engine: engine != "jax")
+    monkeypatch.setattr("router.params.supports_controls", lambda engine: engine != "jax")
     tok = load_tokenizer(tokenizer_512)
     config = make_config(tokenizer_512, model={"engine": "jax", "path": "random:tiny-7m"})
     core = RouterCore(config, tok.vocab_size, tok.eos_ids, ctx=zmq.Context.instance())

@@ -5,7 +5,7 @@ the detok worker (the replay asked for text after the stream had finished)."""
 from __future__ import annotations
 
 from detok_worker.stream import Stream
-from splitserve.protocol.messages import DetokParams, FinishReason
+from splitserve.protocol import DetokParams, FinishReason
 from splitserve.tokenizers.base import PER_BYTE_REPLACE, TokenTable
 
 TABLE = TokenTable((b"a", b"b", b"c"), frozenset(), True, "first_token", {}, PER_BYTE_REPLACE)

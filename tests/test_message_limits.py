@@ -12,7 +12,6 @@ import zmq
 
 from router.core import RouterCore
 from splitserve import protocol
-from splitserve.engine.interface import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from splitserve.grammar.specs import MAX_GRAMMAR_CHARS
 from splitserve.message_limits import (
     control_message_bytes,
@@ -20,6 +19,7 @@ from splitserve.message_limits import (
     stop_strings_bytes,
 )
 from splitserve.protocol import Abort, GenerateRequest, TransportCounters
+from splitserve.protocol.params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from splitserve.tokenizers import load_tokenizer
 from splitserve.transport import Receiver
 from tests.default_shape import default_model_shape

@@ -14,8 +14,8 @@ from router.request_table import RequestTable
 from router.requests import RequestHandle, RequestParams
 from router.workers import WorkerTable
 from splitserve.config import Addresses, RouterConfig
-from splitserve.engine.interface import SamplingParams
 from splitserve.protocol import DetokParams, GenerateRequest, Repin, StopCriteria
+from splitserve.protocol.params import SamplingParams
 
 
 class RecordedLinks:

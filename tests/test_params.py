@@ -1,4 +1,5 @@
-"""The one table of parameter bounds: the HTTP schemas and the router core read the same values."""
+"""The one table of parameter bounds (splitserve/protocol/params.py): the HTTP schemas, the router
+core and the wire's checks read the same values."""
 
 import annotated_types
 import pytest
@@ -7,6 +8,7 @@ from router.http.chat_schemas import ChatCompletionRequest
 from router.http.schemas import CompletionRequest, GenerateRequestBody
 from router.params import BOUNDS, logits_controls, validate
 from router.requests import InvalidRequest, RequestParams
+from splitserve.protocol.params import LIMITS, PARAM_SPECS
 
 SCHEMAS = (CompletionRequest, ChatCompletionRequest, GenerateRequestBody)
 
@@ -82,3 +84,29 @@ def test_neutral_controls_take_the_plain_path():
     assert logits_controls(RequestParams(top_logprobs=3)) is None  # without logprobs: none
     controls = logits_controls(RequestParams(logprobs=True, top_logprobs=3, logit_bias=((5, 2.0),)))
     assert controls.top_logprobs == 3 and controls.bias_ids == [5]
+
+
+def _ranges(limit):
+    """(client's admitted range, wire's range) of a row, and of its items when it has them."""
+    yield limit.client.admitted(), limit.on_wire(), limit.why
+    if limit.item is not None:
+        yield from _ranges(limit.item)
+
+
+@pytest.mark.parametrize("name", sorted(LIMITS))
+def test_whatever_a_client_may_send_travels_and_a_wider_wire_says_why(name):
+    """Every value the router admits is one the wire's checks accept (else an admitted request
+    would be dropped by its worker as malformed); where the wire takes more, the row says why."""
+    for (lo, hi), (wire_lo, wire_hi), why in _ranges(LIMITS[name]):
+        assert wire_lo <= lo and hi <= wire_hi
+        assert why or (wire_lo, wire_hi) == (lo, hi)
+
+
+def test_the_wire_checks_are_built_from_the_table():
+    """A sample of PARAM_SPECS read back against LIMITS (field_specs.py takes them as they are)."""
+    specs = {name: spec for fields in PARAM_SPECS.values() for name, spec in fields.items()}
+    assert (specs["temperature"].lo, specs["temperature"].hi) == LIMITS["temperature"].on_wire()
+    assert (specs["top_k"].lo, specs["top_k"].hi) == LIMITS["top_k"].on_wire()
+    assert specs["stop"].max_len == LIMITS["stop"].on_wire()[1]
+    assert specs["stop"].item.max_len == LIMITS["stop"].item.on_wire()[1]
+    assert specs["bias_ids"].max_len == LIMITS["logit_bias"].client.hi

@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from router.params import FLOAT32_TINY, MIN_TEMPERATURE, validate
+from router.params import validate
 from router.requests import InvalidRequest, RequestParams
 from splitserve.engine.jax import sampling
+from splitserve.protocol.params import FLOAT32_TINY, MIN_TEMPERATURE
 
 VOCAB = 512
 PROMPT = [1, 2, 3]

@@ -14,8 +14,8 @@ from collections import deque
 
 from prefill_worker.batching import take_batch
 from prefill_worker.worker import PrefillWorker
-from splitserve.engine.interface import LogitsControls
 from splitserve.protocol import PrefixHeader, TokenBatch
+from splitserve.protocol.params import LogitsControls
 from tests.pipeline_util import expected_fake_tokens
 from tests.test_worker_shell import (
     DEADLINE_S,

@@ -23,7 +23,6 @@ from router.requests import RequestHandle, RequestParams
 from router.workers import WorkerTable
 from splitserve import protocol
 from splitserve.config import Addresses
-from splitserve.engine.interface import SamplingParams
 from splitserve.message_limits import (
     HEADER_MARGIN_BYTES,
     PREFIX_OUTBOX_BYTES,
@@ -46,6 +45,7 @@ from splitserve.protocol import (
     TransportCounters,
     WorkerInfo,
 )
+from splitserve.protocol.params import SamplingParams
 from splitserve.stats import Histogram
 from splitserve.tokenizers import load_tokenizer
 from splitserve.transport import SEND_HWM, Receiver, Sender

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 
 from splitserve import protocol
-from splitserve.engine.interface import SamplingParams
 from splitserve.protocol import (
     DetokParams,
     GenerateRequest,
@@ -15,6 +14,7 @@ from splitserve.protocol import (
     StopCriteria,
 )
 from splitserve.protocol.field_specs import MAX_WIRE_DECODE_WORKERS
+from splitserve.protocol.params import SamplingParams
 from tests.wire_strategies import messages
 
 

@@ -25,7 +25,6 @@ from detok_worker.worker import DetokWorker
 from prefill_worker.worker import PrefillWorker
 from splitserve import protocol
 from splitserve.engine.fake.engine import fake_first_token, fake_logprob
-from splitserve.engine.interface import SamplingParams
 from splitserve.protocol import (
     DetokParams,
     GenerateRequest,
@@ -35,6 +34,7 @@ from splitserve.protocol import (
     TextBatch,
     TokenBatch,
 )
+from splitserve.protocol.params import SamplingParams
 from splitserve.tokenizers import load_tokenizer
 from splitserve.transport import Receiver
 from splitserve.worker import pool_problem

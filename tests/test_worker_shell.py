@@ -17,7 +17,6 @@ from decode_worker.worker import DecodeWorker
 from detok_worker.worker import DetokWorker
 from prefill_worker.worker import PrefillWorker
 from splitserve import protocol
-from splitserve.engine.interface import SamplingParams
 from splitserve.faults import DroppingSender, FaultySender
 from splitserve.protocol import (
     Abort,
@@ -30,6 +29,7 @@ from splitserve.protocol import (
     TokenBatch,
     TransportCounters,
 )
+from splitserve.protocol.params import SamplingParams
 from splitserve.transport import Receiver, Sender
 from tests.pipeline_util import make_config
 

@@ -10,7 +10,6 @@ import numpy as np
 from hypothesis import strategies as st
 
 from splitserve import protocol
-from splitserve.engine.interface import MAX_TOP_LOGPROBS, LogitsControls, SamplingParams
 from splitserve.protocol import (
     Abort,
     DetokParams,
@@ -26,6 +25,7 @@ from splitserve.protocol import (
     TextDelta,
     TokenBatch,
 )
+from splitserve.protocol.params import MAX_TOP_LOGPROBS, LogitsControls, SamplingParams
 
 ids = st.text(min_size=1, max_size=40)
 tokens = st.integers(0, 2**31 - 1)

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
-from router import params
 from router.http import limits
 from router.http.schemas import NONE, RefusingModel, SamplingRequest, StrictModel
 from router.params import BOUNDS
@@ -205,6 +204,3 @@ class ChatCompletionRequest(SamplingRequest):
 
     def parallel(self) -> bool:
         return self.parallel_tool_calls is not False
-
-
-assert params.MAX_LOGPROBS == BOUNDS["top_logprobs"].hi

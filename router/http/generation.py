@@ -18,9 +18,9 @@ from fastapi import Request
 
 from router.http.context import ServerContext
 from router.http.errors import APIError, ClientGone, internal_error
-from router.params import MAX_SEED
 from router.requests import Delta, RequestHandle, RequestParams, Result
 from splitserve.protocol import FinishReason
+from splitserve.protocol.params import MAX_SEED
 
 log = logging.getLogger(__name__)
 

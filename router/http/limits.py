@@ -1,8 +1,9 @@
 """Bounds on what one HTTP request may ask for, so that no client input can exhaust the router.
 
 The body size is enforced here, while the body streams in (a declared Content-Length is refused
-before any of it is read); the bounds of the generation parameters are router/params.py's, which
-the schemas (schemas.py) and the core both read.
+before any of it is read); the bounds of the generation parameters are the one table in
+splitserve/protocol/params.py, which the schemas (schemas.py), the core (router/params.py) and the
+wire's checks all read.
 """
 
 from __future__ import annotations

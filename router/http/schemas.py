@@ -26,17 +26,17 @@ from pydantic import (
 )
 from starlette.requests import ClientDisconnect
 
-from router import params
 from router.http import limits
 from router.http.errors import APIError, ClientGone, validation_error
 from router.http.unicode import find_lone_surrogate, may_hold_surrogates
 from router.params import BOUNDS
 from router.requests import RequestParams
-from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS
+from splitserve.protocol.params import LIMITS
 
 M = TypeVar("M", bound=BaseModel)
 TokenId = Annotated[int, Field(ge=0)]
 TokenIds = list[TokenId]
+BIAS = LIMITS["logit_bias"].item.client  # of each entry of a logit_bias
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -174,7 +174,9 @@ class SamplingRequest(RefusingModel):
     min_tokens: int = Field(0, **BOUNDS["min_tokens"].pydantic())
     seed: int | None = Field(None, **BOUNDS["seed"].pydantic())
     stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = Field(None, max_length=params.MAX_STOP_TOKEN_IDS)
+    stop_token_ids: list[TokenId] | None = Field(
+        None, max_length=LIMITS["stop_token_ids"].client.hi
+    )
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -186,10 +188,12 @@ class SamplingRequest(RefusingModel):
     frequency_penalty: float | None = Field(None, **BOUNDS["frequency_penalty"].pydantic())
     repetition_penalty: float | None = Field(None, **BOUNDS["repetition_penalty"].pydantic())
     # token id (as a string, as JSON keys are) -> bias in [-100, 100]
-    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    logit_bias: dict[str, float] | None = Field(
+        None, max_length=LIMITS["logit_bias"].client.hi
+    )
     min_p: float | None = Field(None, **BOUNDS["min_p"].pydantic())
     bad_words: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
-        None, max_length=MAX_BAD_WORDS // 2
+        None, max_length=LIMITS["bad_words"].client.hi // 2
     )
     prompt_logprobs: int | None = Field(None, **BOUNDS["prompt_logprobs"].pydantic())
     # structured output (router/http/structured.py turns these into one grammar)
@@ -204,10 +208,11 @@ class SamplingRequest(RefusingModel):
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> list[str]:
         stops = [v] if isinstance(v, str) else list(v or [])
-        if len(stops) > params.MAX_STOP:
-            raise ValueError(f"at most {params.MAX_STOP} stop strings")
-        if any(not s or len(s) > params.MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"stop strings must have 1-{params.MAX_STOP_CHARS} characters")
+        count, chars = LIMITS["stop"].client, LIMITS["stop"].item.client
+        if len(stops) not in count:
+            raise ValueError(f"at most {count.hi} stop strings")
+        if any(len(s) not in chars for s in stops):
+            raise ValueError(f"stop strings must have {chars.lo}-{chars.hi} characters")
         return stops
 
     @field_validator("stream_options")
@@ -223,8 +228,8 @@ class SamplingRequest(RefusingModel):
         for key, bias in (v or {}).items():
             if not key.isdigit() or len(key) > 10:
                 raise ValueError(f"keys are token ids (as strings), not {key[:20]!r}")
-            if bias not in params.LOGIT_BIAS:
-                raise ValueError(f"each bias must be {params.LOGIT_BIAS.describe()}")
+            if bias not in BIAS:
+                raise ValueError(f"each bias must be {BIAS.describe()}")
         return v
 
     def to_params(self, max_tokens: int, logprobs: bool, top_logprobs: int = 0) -> RequestParams:
@@ -263,7 +268,7 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(16, **BOUNDS["max_tokens"].pydantic())
     # not OpenAI's for completions, but clients send it: the same as max_tokens
     max_completion_tokens: int | None = Field(None, **BOUNDS["max_tokens"].pydantic())
-    logprobs: int | None = Field(None, ge=0, le=params.MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0, le=BOUNDS["top_logprobs"].hi)
     echo: bool = False  # the prompt before the completion (and its logprobs, with logprobs)
     suffix: str | None = None
     best_of: int | None = None

@@ -31,66 +31,18 @@ import abc
 import math
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
-MAX_LOGIT_BIAS = 1024  # entries of one request's logit bias
-MAX_BAD_WORDS = 128  # token sequences (each word is tokenized with and without a leading space)
-MAX_BAD_WORD_TOKENS = 32  # tokens of one bad word
-NO_PROMPT_LOGPROBS = -1
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request samples. temperature 0 means greedy; top_k 0 and top_p 1 mean off.
-
-    The router always sets a seed (a random one when the client gave none), so that the token
-    at output position i depends only on (seed, i, logits), whatever else shares the batch.
-    """
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class LogitsControls:
-    """One request's logits processing beyond SamplingParams (see the module docstring for the
-    order). Neutral values mean off; a request whose controls are all neutral sends None."""
-
-    presence_penalty: float = 0.0  # [-2, 2]
-    frequency_penalty: float = 0.0  # [-2, 2]
-    repetition_penalty: float = 1.0  # (0, 2]; 1 is off
-    # sparse logit bias: bias_values[i] is added to the logit of bias_ids[i]; ids unique
-    bias_ids: list[int] = field(default_factory=list)
-    bias_values: list[float] = field(default_factory=list)  # [-100, 100]
-    min_p: float = 0.0  # [0, 1]: keep tokens of probability >= min_p x the largest
-    bad_words: list[list[int]] = field(default_factory=list)  # token sequences never completed
-    top_logprobs: int = 0  # alternatives returned per sampled token, 0..MAX_TOP_LOGPROBS
-    # the prompt's own logprobs with this many alternatives per token (-1: none); only for a
-    # prefill at output position 0 (a resumed request has had them)
-    prompt_logprobs: int = NO_PROMPT_LOGPROBS
-
-    def outside(self, vocab_size: int) -> str | None:
-        """Why these controls name a token the engine does not have, or None: a worker checks
-        before it hands them over (an id outside the logits indexed out of bounds there)."""
-        ids = [*self.bias_ids, *(t for word in self.bad_words for t in word)]
-        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            return f"logit bias or bad words name token {bad}, not in the vocabulary ({vocab_size})"
-        return None
-
-    @property
-    def needs_history(self) -> bool:
-        """The engine must know the request's tokens so far (penalties count them, bad words
-        match their end): its Prefix then carries them (Prefix.context)."""
-        return bool(
-            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-            or self.bad_words
-        )  # fmt: skip
+# a request's parameters are the wire's types: the protocol package is their home
+from splitserve.protocol.params import (  # noqa: F401
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS,
+    MAX_TOP_LOGPROBS,
+    LogitsControls,
+    SamplingParams,
+)
 
 
 @dataclass

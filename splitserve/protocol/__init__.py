@@ -1,5 +1,7 @@
 """Wire protocol: every message that crosses a process boundary, and nothing else. This package:
-messages.py (the messages), field_specs.py (what their fields may hold), codec.py (frames).
+messages.py (the messages), params.py (a request's parameters inside them, and the one table of
+their bounds), field_specs.py (what their fields may hold, checked by wire_checks.py), codec.py
+(frames).
 
 A message is one or more ZeroMQ frames. Frame 0 is a one-byte type code followed by a MessagePack
 array of the message's fields in declaration order (nested dataclasses as nested arrays). Large
@@ -14,8 +16,6 @@ finish reasons and token sources are IntEnums, ints on the wire.
 
 from __future__ import annotations
 
-# carried inside messages, defined with the engine contract
-from splitserve.engine.interface import LogitsControls, SamplingParams  # noqa: F401
 from splitserve.protocol.codec import (  # noqa: F401
     _CODECS,
     _check_for,
@@ -31,15 +31,12 @@ from splitserve.protocol.field_specs import (  # noqa: F401
     _KV_DTYPE,
     _KV_SHAPE,
     FIELD_SPECS,
-    FLOAT32_TINY,
     INCARNATION,
     INCARNATION_CHARS,
     LOGPROB,
     MAX_KV_DIMS,
     MAX_WIRE_GRAMMAR_CHARS,
     MAX_WIRE_PROMPT,
-    MAX_WIRE_STOP_CHARS,
-    MAX_WIRE_STOPS,
     MESSAGE_CHECKS,
     RID,
     RIDS,
@@ -52,7 +49,6 @@ from splitserve.protocol.field_specs import (  # noqa: F401
     WORKER_ROLES,
     _alternatives,
     _columns,
-    _controls,
     _delta_logprobs,
     _heartbeat_load,
     _histogram_shape,
@@ -69,7 +65,6 @@ from splitserve.protocol.messages import (  # noqa: F401
     Abort,
     DecodeLoad,
     DetokLoad,
-    DetokParams,
     DetokPool,
     Fence,
     Finish,
@@ -88,11 +83,20 @@ from splitserve.protocol.messages import (  # noqa: F401
     ResumeStream,
     RouterHello,
     Source,
-    StopCriteria,
     TextBatch,
     TextDelta,
     TokenBatch,
     TokenFinish,
     TransportCounters,
     WorkerInfo,
+)
+from splitserve.protocol.params import (  # noqa: F401
+    FLOAT32_TINY,
+    LIMITS,
+    MAX_WIRE_STOP_CHARS,
+    MAX_WIRE_STOPS,
+    DetokParams,
+    LogitsControls,
+    SamplingParams,
+    StopCriteria,
 )

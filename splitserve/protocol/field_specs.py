@@ -6,17 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from splitserve.engine.interface import (
-    MAX_BAD_WORD_TOKENS,
-    MAX_BAD_WORDS,
-    MAX_LOGIT_BIAS,
-    MAX_TOP_LOGPROBS,
-    LogitsControls,
-    SamplingParams,
-)
 from splitserve.protocol.messages import (
     Abort,
-    DetokParams,
     DetokPool,
     Finish,
     FinishReason,
@@ -31,14 +22,14 @@ from splitserve.protocol.messages import (
     Repin,
     RequestFailed,
     ResumeStream,
-    StopCriteria,
     TextDelta,
     TokenBatch,
     TokenFinish,
 )
+from splitserve.protocol.params import MAX_TOP_LOGPROBS, PARAM_CHECKS, PARAM_SPECS
 from splitserve.protocol.wire_checks import (
     INT32_MAX,
-    INT64_MAX,
+    TOKEN,
     Choice,
     Float,
     Int,
@@ -49,29 +40,23 @@ from splitserve.protocol.wire_checks import (
 )
 
 # ---- what each field may hold --------------------------------------------------------------------
-# Beyond its type (checked for every field, list elements included; see wire_checks.py),
-# where a handler relies on more. Ints are non-negative int64 unless said here; floats are finite.
+# Beyond its type (checked for every field, list elements included; see wire_checks.py), where a
+# handler relies on more. Ints are non-negative int64 unless said here; floats are finite. The
+# request parameters' fields are params.py's (PARAM_SPECS, from the one table of their bounds).
 
-MAX_WIRE_STOPS = 64  # stop strings per request (the router allows 16)
-MAX_WIRE_STOP_CHARS = 4096  # characters per stop string (the router allows 1,024)
 MAX_KV_DIMS = 8
 MAX_WIRE_DECODE_WORKERS = 4096  # decode workers a prefill worker's load report counts for
 WORKER_ROLES = frozenset({"prefill", "decode", "detok"})
-# top_p reaches the sampler as float32, on hardware that flushes subnormals to zero: below this
-# (float32's smallest normal number) it would keep no token at all. The router raises smaller
-# values to it (router/params.py), which is exact.
-FLOAT32_TINY = 2.0**-126
 
 RID = Str(1)
 RIDS = Items(RID)
-TOKEN = Int(0, INT32_MAX)  # engines index int32 arrays with token ids, positions and counts
 TOKENS = Items(TOKEN)
 LOGPROB = Float(neg_inf=True)  # -inf: of a token the model gave (almost) no mass
 SECONDS = Float(lo=0.0)
 ROLE = Str(choices=WORKER_ROLES)
 INCARNATION_CHARS = 32  # 128 random bits in hex
 INCARNATION = Str(INCARNATION_CHARS, INCARNATION_CHARS)
-MAX_WIRE_GRAMMAR_CHARS = 1 << 20  # a serialized grammar (the router allows far less: limits)
+MAX_WIRE_GRAMMAR_CHARS = 1 << 20  # a serialized grammar (a client's: splitserve/grammar/specs.py)
 MAX_WIRE_PROMPT = 1 << 22  # tokens of a prompt whose logprobs travel
 # alternatives of one token: at most MAX_TOP_LOGPROBS ids, and as many logprobs
 TOP_IDS = Items(compile_check(Items(TOKEN, 0, MAX_TOP_LOGPROBS), "top ids"))
@@ -89,42 +74,12 @@ _KV_DTYPE = compile_check(Str(1, 16), "PrefixHeader.kv_meta dtype")
 _KV_SHAPE = compile_check(Items(TOKEN, 0, MAX_KV_DIMS), "PrefixHeader.kv_meta shape")
 
 FIELD_SPECS: dict[type, dict[str, Any]] = {
-    SamplingParams: {
-        "temperature": Float(lo=0.0),
-        "top_p": Float(FLOAT32_TINY, 1.0),
-        "top_k": TOKEN,
-        "seed": Int(0, INT64_MAX),
-    },
-    # the router's bounds (router/params.py) are these or tighter
-    LogitsControls: {
-        "presence_penalty": Float(-2.0, 2.0),
-        "frequency_penalty": Float(-2.0, 2.0),
-        "repetition_penalty": Float(FLOAT32_TINY, 2.0),
-        "bias_ids": Items(TOKEN, 0, MAX_LOGIT_BIAS),
-        "bias_values": Items(Float(-100.0, 100.0), 0, MAX_LOGIT_BIAS),
-        "min_p": Float(0.0, 1.0),
-        "bad_words": Items(
-            compile_check(Items(TOKEN, 1, MAX_BAD_WORD_TOKENS), "LogitsControls.bad_words"),
-            0, MAX_BAD_WORDS,
-        ),
-        "top_logprobs": Int(0, MAX_TOP_LOGPROBS),
-        "prompt_logprobs": Int(-1, MAX_TOP_LOGPROBS),
-    },
+    **PARAM_SPECS,
     PromptScores: {
         "logprobs": Items(LOGPROB, 0, MAX_WIRE_PROMPT),
         "ranks": Items(Int(1, INT32_MAX), 0, MAX_WIRE_PROMPT),
         "top_ids": TOP_IDS,
         "top_logprobs": TOP_LOGPROBS,
-    },
-    StopCriteria: {
-        "max_tokens": Int(1, INT32_MAX),
-        "min_tokens": TOKEN,
-        "eos_ids": TOKENS,
-        "stop_token_ids": TOKENS,
-    },
-    DetokParams: {
-        "stop": Items(Str(1, MAX_WIRE_STOP_CHARS), 0, MAX_WIRE_STOPS),
-        "min_tokens": TOKEN,
     },
     GenerateRequest: {
         "request_id": RID,
@@ -227,13 +182,6 @@ def _alternatives(m: Any, n: int) -> None:
         raise WireError(f"{type(m).__name__}: top_ids and top_logprobs differ in length")
 
 
-def _controls(m: LogitsControls) -> None:
-    if len(m.bias_ids) != len(m.bias_values):
-        raise WireError("LogitsControls: bias_ids and bias_values differ in length")
-    if len(set(m.bias_ids)) != len(m.bias_ids):
-        raise WireError("LogitsControls: bias_ids repeat")
-
-
 def _prefix_alternatives(m: PrefixHeader) -> None:
     if len(m.first_top_ids) != len(m.first_top_logprobs):
         raise WireError("PrefixHeader: first_top_ids and first_top_logprobs differ in length")
@@ -281,7 +229,7 @@ MESSAGE_CHECKS = {
     RequestFailed: lambda m: _columns(m, "epochs"),
     Repin: lambda m: _columns(m, "epochs", "detok_indices", "from_seqs"),
     TextDelta: _delta_logprobs,
-    LogitsControls: _controls,
+    **PARAM_CHECKS,
     PrefixHeader: _prefix_alternatives,
     PromptScores: _prompt_scores,
     HistogramSnapshot: _histogram_shape,

@@ -1,6 +1,7 @@
 """The messages: every dataclass that crosses a process boundary, the enums inside them (finish
 reasons, token sources), the load reports nested in heartbeats, and the type codes of frame 0.
-What each field may hold is field_specs.py's; how they become frames is codec.py's."""
+A request's parameters inside them are params.py's; what each field may hold is field_specs.py's;
+how they become frames is codec.py's."""
 
 from __future__ import annotations
 
@@ -8,10 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.engine.interface import (
-    LogitsControls,
-    SamplingParams,
-)
+from splitserve.protocol.params import DetokParams, LogitsControls, SamplingParams, StopCriteria
 
 # 12: PrefillLoad.outbox, outbox_waited (prefixes waiting for a decode worker's socket);
 # 11: RouterHello and each request's router_incarnation (a restarted router's requests are never
@@ -59,28 +57,7 @@ class ProtocolError(ValueError):
     MessagePack, or a field of the wrong type or out of its range (FIELD_SPECS)."""
 
 
-# ---- parameters carried inside messages -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StopCriteria:
-    """Token-level finish rules, applied by the prefill worker (token 0) and the decode worker."""
-
-    max_tokens: int
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    eos_ids: list[int] = field(default_factory=list)  # the tokenizer's eos ids
-    stop_token_ids: list[int] = field(default_factory=list)  # the client's extra stop ids
-
-
-@dataclass(frozen=True)
-class DetokParams:
-    """How the pinned detok worker turns a request's tokens into text."""
-
-    skip_special_tokens: bool = True
-    stop: list[str] = field(default_factory=list)
-    include_stop_str_in_output: bool = False
-    min_tokens: int = 0  # stop strings are looked for only from this many output tokens on
+# ---- carried inside messages (a request's parameters are params.py's) ----------------------------
 
 
 @dataclass

@@ -80,6 +80,9 @@ class Items:
     max_len: int | None = None
 
 
+TOKEN = Int(0, INT32_MAX)  # engines index int32 arrays with token ids, positions and counts
+
+
 def compile_check(spec: Any, where: str) -> Check:
     """The check of one field (`where` names it in errors: "TokenBatch.tokens")."""
     if isinstance(spec, Items):
