@@ -1,7 +1,7 @@
 """Wire protocol: every message that crosses a process boundary, and nothing else. This package:
 messages.py (the messages), params.py (a request's parameters inside them, and the one table of
-their bounds), field_specs.py (what their fields may hold, checked by wire_checks.py), codec.py
-(frames).
+their bounds), loads.py (the load reports of the heartbeats), field_specs.py (what their fields
+may hold, checked by wire_checks.py), codec.py (frames).
 
 A message is one or more ZeroMQ frames. Frame 0 is a one-byte type code followed by a MessagePack
 array of the message's fields in declaration order (nested dataclasses as nested arrays). Large
@@ -57,23 +57,26 @@ from splitserve.protocol.field_specs import (  # noqa: F401
     _prompt_scores,
     _token_batch_columns,
 )
+from splitserve.protocol.loads import (  # noqa: F401
+    DecodeLoad,
+    DetokLoad,
+    HistogramSnapshot,
+    PrefillLoad,
+    TransportCounters,
+)
 from splitserve.protocol.messages import (  # noqa: F401
     _NESTED,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     TYPE_CODES,
     Abort,
-    DecodeLoad,
-    DetokLoad,
     DetokPool,
     Fence,
     Finish,
     FinishReason,
     GenerateRequest,
     Heartbeat,
-    HistogramSnapshot,
     OpenStream,
-    PrefillLoad,
     PrefixHeader,
     PromptScores,
     ProtocolError,
@@ -87,7 +90,6 @@ from splitserve.protocol.messages import (  # noqa: F401
     TextDelta,
     TokenBatch,
     TokenFinish,
-    TransportCounters,
     WorkerInfo,
 )
 from splitserve.protocol.params import (  # noqa: F401

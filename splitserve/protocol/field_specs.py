@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from splitserve.protocol.loads import HistogramSnapshot, PrefillLoad
 from splitserve.protocol.messages import (
     Abort,
     DetokPool,
@@ -13,9 +14,7 @@ from splitserve.protocol.messages import (
     FinishReason,
     GenerateRequest,
     Heartbeat,
-    HistogramSnapshot,
     OpenStream,
-    PrefillLoad,
     PrefixHeader,
     PromptScores,
     Ready,
