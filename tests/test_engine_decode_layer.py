@@ -19,6 +19,7 @@ from splitserve.engine.jax.engine import JaxEngine
 from splitserve.engine.kernels import qkernel, quant
 from splitserve.engine.model import llama_model
 from splitserve.engine.model.llama_config import LlamaConfig
+from splitserve.engine.model.params import prepare_params
 from tests.engine_reference import random_hf_weights
 from tests.test_engine_model import canonical_from_hf
 
@@ -46,7 +47,7 @@ def _q4_1(w_in_out: np.ndarray) -> quant.QMatrix:
 
 def _params(fmt: str, seed: int = 1) -> dict:
     w = _canonical(seed)
-    params = llama_model.prepare_params(CFG, w, weights=FORM[fmt])
+    params = prepare_params(CFG, w, weights=FORM[fmt])
     if fmt == "q4_1":  # a GGUF file's blocks: made here from the same floats
         for i, lw in enumerate(params["layers"]):
             lw["wqkv"] = _q4_1(np.concatenate([w["wq"][i], w["wk"][i], w["wv"][i]], axis=1))

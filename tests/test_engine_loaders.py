@@ -19,6 +19,7 @@ from lab.versus.hf_copy import export, write_tokenizer
 from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax.engine import build_jax_engine, load_model
 from splitserve.engine.model import llama_model
+from splitserve.engine.model.params import prepare_params
 from tests.engine_reference import random_hf_weights, reference_logits
 
 SHAPE = dict(layers=2, heads=4, kv_heads=2, head_dim=16)
@@ -39,7 +40,7 @@ def _check_logits(model: str, w: dict[str, np.ndarray]) -> None:
     assert (cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim) == tuple(SHAPE.values())
     assert cfg.rope_theta == pytest.approx(THETA) and cfg.rms_eps == pytest.approx(EPS)
     assert cfg.tie_embeddings == ("lm_head.weight" not in w)
-    params = llama_model.prepare_params(cfg, weights)
+    params = prepare_params(cfg, weights)
     forward = jax.jit(llama_model.forward, static_argnums=0)
     got = np.asarray(forward(cfg, params, np.array(TOKENS)))
     want = reference_logits(w, TOKENS, rope_theta=THETA, rms_eps=EPS, **SHAPE)

@@ -10,6 +10,7 @@ import pytest
 
 from splitserve.engine.model import llama_model
 from splitserve.engine.model.llama_config import LlamaConfig, preset
+from splitserve.engine.model.params import HEAD_BLOCK, check_weights, prepare_params
 from splitserve.engine.model.weights_random import random_weights
 from tests.engine_reference import random_hf_weights, reference_logits
 
@@ -50,7 +51,7 @@ def canonical_from_hf(w: dict[str, np.ndarray], layers: int, tied: bool) -> dict
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_logits_match_numpy_reference(name):
     hidden, inter, layers, heads, kv_heads, head_dim, tied, theta = CONFIGS[name]
-    vocab = 97 if name != "mqa-untied-wide-heads" else 2 * llama_model.HEAD_BLOCK + 5
+    vocab = 97 if name != "mqa-untied-wide-heads" else 2 * HEAD_BLOCK + 5
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     w = random_hf_weights(rng, vocab, hidden, inter, layers, heads, kv_heads, head_dim, tied)
     cfg = LlamaConfig(
@@ -66,7 +67,7 @@ def test_logits_match_numpy_reference(name):
         tie_embeddings=tied,
     )
     tokens = [int(t) for t in rng.integers(0, vocab, 19)]
-    params = llama_model.prepare_params(cfg, canonical_from_hf(w, layers, tied))
+    params = prepare_params(cfg, canonical_from_hf(w, layers, tied))
     got = np.asarray(jax.jit(llama_model.forward, static_argnums=0)(cfg, params, np.array(tokens)))
     want = reference_logits(
         w,
@@ -90,7 +91,7 @@ def test_random_weights_are_deterministic_and_sized():
     c = random_weights(preset("test-tiny"), seed=4)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(a["wq"], c["wq"])
-    llama_model.check_weights(preset("test-tiny"), a)
+    check_weights(preset("test-tiny"), a)
 
 
 def test_wrong_weight_shape_is_named():
@@ -98,4 +99,4 @@ def test_wrong_weight_shape_is_named():
     w = random_weights(cfg)
     w["wk"] = w["wk"][:, :, :-1]
     with pytest.raises(ValueError, match="wk"):
-        llama_model.check_weights(cfg, w)
+        check_weights(cfg, w)

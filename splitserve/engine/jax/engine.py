@@ -84,9 +84,9 @@ from splitserve.engine.jax.prefix_reuse import PrefixReuse
 from splitserve.engine.jax.slot_rows import SlotRows
 from splitserve.engine.kernels import qkernel, quant
 from splitserve.engine.kernels.huge_pages import collapse as collapse_onto_huge_pages
-from splitserve.engine.model import llama_model
 from splitserve.engine.model.llama_config import LlamaConfig
 from splitserve.engine.model.model_files import load_model, load_native
+from splitserve.engine.model.params import prepare_params
 from splitserve.engine.slot_count import auto_slots
 
 __all__ = ["JaxEngine", "build_jax_engine", "load_model", "load_native"]
@@ -199,7 +199,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         elif "prefill" not in sides:  # the largest bucket's: XLA's where there are both
             self.prefill_weight_format = weight_format
             prefill_form = form_of[self.batch_buckets[-1]]
-        prepare = partial(llama_model.prepare_params, cfg, weights, param_dtype, native=native)
+        prepare = partial(prepare_params, cfg, weights, param_dtype, native=native)
         built = {f: prepare(weights=f) for f in dict.fromkeys([*form_of.values(), prefill_form])}
         # every step streams the weights: fewer page translations (kernels/huge_pages.py)
         if huge_pages:

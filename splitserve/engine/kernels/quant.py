@@ -207,8 +207,9 @@ BF16_XLA = "bfloat16-xla"
 BF16_NATIVE = "bfloat16-native"
 BF16_FORMS = (BF16_XLA, BF16_NATIVE)
 PREFILL_FORMATS = (*WEIGHT_FORMATS, *BF16_FORMS)
-# The forms prepare_params builds: a weight format on one side. "float32-rows" is float32 in the
-# kernel's rows, the decode side's float32 where the kernel is built.
+# The forms prepare_params (model/params.py) builds: a weight format on one side.
+# "float32-rows" is float32 in the kernel's rows, the decode side's float32 where the kernel is
+# built.
 FLOAT32_ROWS = "float32-rows"
 FORMS = (*PREFILL_FORMATS, FLOAT32_ROWS)
 _FROM_FLOAT = {"bfloat16": "bf16", "int8": "q8_0", FLOAT32_ROWS: "f32"}

@@ -74,7 +74,7 @@ class LazyWeights(Mapping):
     """Canonical weights made on first use, then kept: an engine that computes with a GGUF
     file's own blocks (the decode side) never needs the float32 copies of those matrices, which
     for the default model take 2 s to make and 0.5 GB to hold. `shape_of` answers without
-    making the array (llama_model.check_weights)."""
+    making the array (params.check_weights)."""
 
     def __init__(self, makers: dict[str, Callable[[], np.ndarray]], shapes: dict[str, tuple]):
         self._makers, self._shapes, self._made = makers, shapes, {}
