@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from splitserve.protocol import StopCriteria
+from splitserve.stopping import token_finish
 
 
 @dataclass
@@ -34,6 +35,16 @@ class Slot:
     top_logprobs: int = 0
     tops: list[tuple[list[int], list[float]]] = field(default_factory=list)
     router_incarnation: int = 0  # of the router that owns the request (protocol.RouterHello)
+
+    def advance(self, token: int, logprob: float, max_seq_len: int) -> tuple[int, int]:
+        """Its next token, kept in its history: (its output position, its TokenFinish)."""
+        seq = self.next_seq
+        self.next_seq += 1
+        finish = token_finish(self.stop, token, seq + 1, self.context_len, max_seq_len)
+        self.context_len += 1
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        return seq, finish
 
 
 _state = itemgetter(1)

@@ -23,20 +23,22 @@ A request's path through this process:
     worker (stop string) - each within one step (or chunk) of the message arriving.
  8. When a request's detok worker dies, the router's Repin moves its stream: the slot's history
     from the position the client has reached is sent to the new detok worker, and later tokens
-    follow it there.
+    follow it there (a Repin before its prefix, or after its request ended: repins.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from decode_worker.constrained import ConstrainedSlots
 from decode_worker.prefix_check import prefix_problem
+from decode_worker.repins import Repins
 from decode_worker.slots import Slot, SlotTable
+from decode_worker.token_batches import Batches, append, batch_for, resend
 from splitserve import protocol
 from splitserve.core_share import share_with_prefill
 from splitserve.grammar import vocabulary
@@ -47,13 +49,10 @@ from splitserve.protocol import (
     Finish,
     PrefixHeader,
     Repin,
-    Source,
-    TokenBatch,
     TokenFinish,
     WorkerInfo,
 )
 from splitserve.stats import Histogram
-from splitserve.stopping import token_finish
 from splitserve.tombstones import Tombstones
 from splitserve.worker import WorkerLoop
 
@@ -81,12 +80,7 @@ class DecodeWorker(WorkerLoop):
         # requests that arrive before their Abort does (they are dropped when it comes)
         self.max_pending = 2 * config.router.max_running + 4 * self.engine.num_slots
         self.gone = Tombstones(config.lifecycle.state_ttl_s)
-        # Repins of requests whose prefix has not arrived yet: applied when it does
-        # rid -> (when, epoch, detok, from_seq); forgotten after the state TTL
-        self.repins: OrderedDict[str, tuple[float, int, int, int]] = OrderedDict()
-        # requests that ended here lately, kept for the state TTL: a Repin may still come for
-        # one whose last tokens went to a detok worker that died (rid -> (when, slot state))
-        self.finished: OrderedDict[str, tuple[float, Slot]] = OrderedDict()
+        self.repins = Repins()  # kept for the state TTL
         # prefixes that name a detok index this worker's pool lacks (when, header, frames). The
         # router sends DetokPool before it places a request on a new member, but that message
         # comes over the router's connection and the prefix over prefill's, so the prefix can
@@ -177,17 +171,15 @@ class DecodeWorker(WorkerLoop):
         """Abort or stop-string finish of a request at `epoch` (or earlier): free its slot now,
         or drop its prefix when it arrives."""
         self.gone.add(rid, epoch)
-        self.repins.pop(rid, None)
+        self.repins.take(rid)
         state = self.slots.get(rid)
         if state is not None and state.epoch <= epoch:
             slot = self.slots.release(rid)
             log.info("%s released from slot %d", rid, slot)
             self.free(slot)
-            self.finished[rid] = (time.monotonic(), state)  # a stop string: the stream ended
+            self.repins.ended(state)  # a stop string: the stream ended
             return
-        finished = self.finished.get(rid)
-        if finished is not None and finished[1].epoch <= epoch:
-            del self.finished[rid]
+        self.repins.forget_ended(rid, epoch)
         for i, (h, _) in enumerate(self.pending):
             if h.request_id == rid and h.epoch <= epoch:
                 del self.pending[i]
@@ -223,35 +215,23 @@ class DecodeWorker(WorkerLoop):
 
     def on_repin(self, msg: Repin, _frames: list[Any]) -> None:
         """Streams moved to other detok workers: resend what those have not seen, then follow."""
-        batches: dict[int, TokenBatch] = {}
-        for rid, epoch, detok, from_seq in zip(
-            msg.request_ids, msg.epochs, msg.detok_indices, msg.from_seqs, strict=False
-        ):
-            state = self.slots.get(rid)
-            if state is None and rid in self.finished:  # it ended here: its tokens are kept
-                state = self.finished[rid][1]
-            if state is None:  # its prefix is still on its way (or pending): apply it then
-                self.repins.pop(rid, None)  # re-added at the end: the order is by time
-                self.repins[rid] = (time.monotonic(), epoch, detok, from_seq)
-                continue
-            if epoch > state.epoch and self.detok(detok) is not None:
-                self.repin(state, epoch, detok, from_seq, batches)
+        batches: Batches = {}
+        for state, epoch, detok, from_seq in self.repins.found(msg, self.slots):
+            self.repin(state, epoch, detok, from_seq, batches)
         self.send_batches(batches)
 
     def repin(
-        self, state: Slot, epoch: int, detok: int, from_seq: int, batches: dict[int, TokenBatch]
-    ) -> None:
+        self, state: Slot, epoch: int, detok: int, from_seq: int, batches: Batches
+    ) -> Batches:
+        """The stream moves to detok worker `detok` at `epoch` (if newer, and in this worker's
+        pool): its tokens from output position from_seq on go there, and later ones follow."""
+        if epoch <= state.epoch or self.detok(detok) is None:
+            return batches
         state.epoch, state.detok_index = epoch, detok
-        start = max(0, from_seq - state.first_seq)
-        batch = self.batch_for(batches, detok)
-        last = len(state.tokens) - 1
-        for offset in range(start, len(state.tokens)):
-            finish = state.finish if offset == last else TokenFinish.NONE
-            top = state.tops[offset] if state.tops else None
-            self.append(batch, state, state.first_seq + offset, state.tokens[offset],
-                        state.logprobs[offset], finish, top)  # fmt: skip
+        resend(state, from_seq, batch_for(batches, detok, self.steps))
         log.info("%s repinned to detok %d at epoch %d from seq %d", state.request_id, detok,
                  epoch, from_seq)  # fmt: skip
+        return batches
 
     def insert_pending(self) -> None:
         while self.pending and self.slots.free_count:
@@ -276,11 +256,9 @@ class DecodeWorker(WorkerLoop):
                 continue
             self.insert_time.observe(time.perf_counter() - start)
             log.info("%s inserted in slot %d", rid, slot)
-            repin = self.repins.pop(rid, None)
-            if repin is not None and repin[1] > state.epoch and self.detok(repin[2]) is not None:
-                batches: dict[int, TokenBatch] = {}
-                self.repin(state, *repin[1:], batches)
-                self.send_batches(batches)
+            held = self.repins.take(rid)  # a Repin that came before its prefix
+            if held is not None:
+                self.send_batches(self.repin(state, *held, {}))
 
     # ---- the decode step ----
     def step(self) -> None:
@@ -321,13 +299,13 @@ class DecodeWorker(WorkerLoop):
             return 1
         return k if max(state.stop.max_tokens - state.next_seq for state in live) >= k else 1
 
-    def run_chunk(self, steps: int) -> dict[int, TokenBatch]:
+    def run_chunk(self, steps: int) -> Batches:
         """engine.generate_many(steps): every step's tokens in one batch per detok worker; a
         slot that finishes at step j is freed there, so its later tokens are never read."""
         out = self.engine.generate_many(steps)
         self.chunks += 1
         tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
-        batches: dict[int, TokenBatch] = {}
+        batches: Batches = {}
         for j in range(steps):
             self.steps += 1
             self.collect(tokens[j], logprobs[j], None, batches)
@@ -348,8 +326,8 @@ class DecodeWorker(WorkerLoop):
 
     def collect(
         self, tokens: list[int], logprobs: list[float], out: Any = None,
-        batches: dict[int, TokenBatch] | None = None,
-    ) -> dict[int, TokenBatch]:
+        batches: Batches | None = None,
+    ) -> Batches:
         """The step's tokens (indexed by slot) grouped by detok worker, in slot order within each
         batch (added to `batches` when given); a slot whose token finishes its request is
         freed."""
@@ -357,52 +335,22 @@ class DecodeWorker(WorkerLoop):
         max_seq_len = self.engine.max_seq_len
         for slot, state in self.slots.live():
             token = tokens[slot]
-            seq = state.next_seq
-            state.next_seq += 1
-            finish = token_finish(state.stop, token, seq + 1, state.context_len, max_seq_len)
-            state.context_len += 1
-            state.tokens.append(token)
-            state.logprobs.append(logprobs[slot])
+            seq, finish = state.advance(token, logprobs[slot], max_seq_len)
             top = None
             if state.top_logprobs:
                 top = self.constrained.alternatives(out, slot, state) or ([], [])
                 state.tops.append(top)
-            self.append(self.batch_for(batches, state.detok_index), state, seq, token,
-                        logprobs[slot], finish, top)  # fmt: skip
+            append(batch_for(batches, state.detok_index, self.steps), state, seq, token,
+                   logprobs[slot], finish, top)  # fmt: skip
             if finish != TokenFinish.NONE:
                 log.info("%s finished in slot %d after %d tokens", state.request_id, slot, seq + 1)
                 state.finish = finish
                 self.slots.release(state.request_id)
                 self.free(slot)
-                self.finished[state.request_id] = (time.monotonic(), state)
+                self.repins.ended(state)
         return batches
 
-    def batch_for(self, batches: dict[int, TokenBatch], detok: int) -> TokenBatch:
-        batch = batches.get(detok)
-        if batch is None:
-            batch = batches[detok] = TokenBatch(Source.DECODE, self.steps, [], [], [], [], [], [])
-        return batch
-
-    @staticmethod
-    def append(
-        batch: TokenBatch, state: Slot, seq: int, token: int, logprob: float, finish: int,
-        top: tuple[list[int], list[float]] | None = None,
-    ) -> None:
-        if top is not None and not batch.top_ids:  # the batch's first alternatives
-            batch.top_ids.extend([] for _ in batch.tokens)
-            batch.top_logprobs.extend([] for _ in batch.tokens)
-        batch.request_ids.append(state.request_id)
-        batch.epochs.append(state.epoch)
-        batch.seqs.append(seq)
-        batch.tokens.append(token)
-        batch.logprobs.append(logprob)
-        batch.finishes.append(finish)
-        if batch.top_ids or top is not None:
-            ids, lps = top if top is not None else ([], [])
-            batch.top_ids.append(ids)
-            batch.top_logprobs.append(lps)
-
-    def send_batches(self, batches: dict[int, TokenBatch]) -> None:
+    def send_batches(self, batches: Batches) -> None:
         """One TokenBatch per detok worker with tokens in this step; sends never block. A detok
         worker that left the pool gets nothing: the router moves its streams (Repin)."""
         for detok_index, batch in batches.items():
@@ -420,12 +368,7 @@ class DecodeWorker(WorkerLoop):
             _, header, _ = self.awaiting_pool.popleft()
             self.fail([header.request_id], [header.epoch],
                       f"detok index {header.detok_index} not in the pool")  # fmt: skip
-        for kept in (self.repins, self.finished):  # oldest first: stop at the first young one
-            while kept:
-                rid, entry = next(iter(kept.items()))
-                if entry[0] >= horizon:
-                    break
-                del kept[rid]
+        self.repins.prune(horizon)
 
     def load(self) -> DecodeLoad:
         return DecodeLoad(
