@@ -48,8 +48,8 @@ def test_auto_is_float32_for_a_float32_checkpoint():
 @pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
 def test_float32_decode_batches_above_the_rows_limit_take_xla_matrices():
     engine = engine_of("decode", num_slots=2 * quant.ROWS_MAX_BATCH)
-    small = [b for b in engine.batch_buckets if b <= quant.ROWS_MAX_BATCH]
-    large = [b for b in engine.batch_buckets if b > quant.ROWS_MAX_BATCH]
+    small = [b for b in engine.shapes.batch_buckets if b <= quant.ROWS_MAX_BATCH]
+    large = [b for b in engine.shapes.batch_buckets if b > quant.ROWS_MAX_BATCH]
     assert small and large
     for b in small:
         assert kernel_formats(engine._decode_params_at[b]) == {"f32"}

@@ -193,26 +193,27 @@ class CompiledPrograms:
         """Every shape this engine runs (the prefill side, the decode side, or both)."""
         keys: list[tuple] = []
         if prefill:  # prefill samples one row per prompt, greedy or not
-            keys += [("sample", c, g) for c in self.prefill_counts for g in (True, False)]
-            keys += [("prefill", c, t) for c, t in self.prefill_shapes]
+            keys += [("sample", c, g) for c in self.shapes.prefill_counts for g in (True, False)]
+            keys += [("prefill", c, t) for c, t in self.shapes.prefill_shapes]
             # a prompt with controls or a first-token mask (prompt logprobs, rare and one
             # program per length, compile on first use)
             keys += [("controls", 1, h) for h in (False, True)]
             # (the prefix cache's continuation programs are deferred_keys: prefix_reuse.py)
         if decode:  # decode samples every row of the batch when some row is not greedy
-            keys += [("sample", b, False) for b in self.batch_buckets]
-            keys += [("controls", n, h) for n in self.control_counts for h in (False, True)]
-            keys += [("gather", b, n) for b in self.batch_buckets for n in self.control_counts
+            sh = self.shapes
+            keys += [("sample", b, False) for b in sh.batch_buckets]
+            keys += [("controls", n, h) for n in sh.control_counts for h in (False, True)]
+            keys += [("gather", b, n) for b in sh.batch_buckets for n in sh.control_counts
                      if n <= b]  # fmt: skip
-            for i, c in enumerate(self.decode_buckets):
-                keys += [("decode", b, c, k) for b in self.batch_buckets
-                         for k in self.decode_steps if k == 1 or b <= self.chunk_batch]
-                widths = sorted({min(p, c) for p in self.prefill_buckets})
+            for i, c in enumerate(sh.decode_buckets):
+                keys += [("decode", b, c, k) for b in sh.batch_buckets
+                         for k in sh.decode_steps if k == 1 or b <= sh.chunk_batch]
+                widths = sorted({min(p, c) for p in self.shapes.prefill_buckets})
                 keys += [("insert", w, c) for w in widths]
-                if len(self.batch_buckets) > 1:
+                if len(self.shapes.batch_buckets) > 1:
                     keys.append(("move", c))
                 if i > 0:
-                    prev = self.decode_buckets[i - 1]
+                    prev = self.shapes.decode_buckets[i - 1]
                     keys += [("resize", prev, c), ("resize", c, prev)]
         return list(dict.fromkeys(keys))
 

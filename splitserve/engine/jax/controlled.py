@@ -51,7 +51,7 @@ class ControlledSteps:
             processed[row] = True
         rows = np.flatnonzero(processed)
         n = len(rows)
-        count = pick(self.control_counts, n)
+        count = pick(self.shapes.control_counts, n)
         pick_rows = np.full(count, rows[0], np.int32)  # padding repeats a controlled row
         pick_rows[:n] = rows
         floats = np.ascontiguousarray(self._floats[:, :batch])

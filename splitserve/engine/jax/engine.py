@@ -50,20 +50,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from splitserve.engine.compile.buckets import (
-    batch_buckets,
-    capacity_buckets,
-    check_buckets,
-    length_buckets,
     pick,
-    prefill_shapes,
-    prompt_lengths,
 )
 from splitserve.engine.compile.executables import ExecutableStore
 from splitserve.engine.interface import (
@@ -81,12 +74,12 @@ from splitserve.engine.jax.control_rows import ControlRows
 from splitserve.engine.jax.controlled import ControlledSteps
 from splitserve.engine.jax.prefill import PrefillPath
 from splitserve.engine.jax.prefix_reuse import PrefixReuse
+from splitserve.engine.jax.shapes import engine_shapes
 from splitserve.engine.jax.slot_rows import SlotRows
+from splitserve.engine.jax.weights import side_params
 from splitserve.engine.kernels import qkernel, quant
-from splitserve.engine.kernels.huge_pages import collapse as collapse_onto_huge_pages
 from splitserve.engine.model.llama_config import LlamaConfig
 from splitserve.engine.model.model_files import load_model, load_native
-from splitserve.engine.model.params import prepare_params
 from splitserve.engine.slot_count import auto_slots
 
 __all__ = ["JaxEngine", "build_jax_engine", "load_model", "load_native"]
@@ -135,36 +128,12 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self.max_seq_len = max_seq_len
         self.vocab_size = cfg.vocab_size
         self.cache_dtype = np.dtype(cache_dtype)
-        self.prefill_buckets = check_buckets(
-            "prefill", prefill_buckets or length_buckets(16, max_seq_len), max_seq_len
-        )
-        # a lone prompt pads to finer lengths (compile/buckets.py: a pass costs what it pads to);
-        # named buckets are used as they are. Batches, continuations and decode's insert
-        # widths keep the coarse buckets, whose programs multiply with their number.
-        self.prompt_lengths = (
-            self.prefill_buckets if prefill_buckets else prompt_lengths(16, max_seq_len)
-        )
-        self.decode_buckets = check_buckets(
-            "decode", decode_buckets or capacity_buckets(64, max_seq_len), max_seq_len
-        )
-        self.batch_buckets = check_buckets(
-            "batch", batch_sizes or batch_buckets(num_slots), num_slots
-        )
-        # How many controlled rows a decode step's controls program runs on (the count padded
-        # up to one of these): 1, 2, 4, ... whatever the batch buckets, so one constrained
-        # request among many plain ones costs a program over one row, not the batch.
-        self.control_counts = tuple(sorted({*length_buckets(1, num_slots), *self.batch_buckets}))
-        self.prefill_counts = tuple(sorted({1, *prefill_counts}))
-        self.prefill_shapes = prefill_shapes(
-            self.prompt_lengths, self.prefill_buckets, self.prefill_counts, prefill_batch_tokens
-        )
-        self.prefill_batch_tokens = prefill_batch_tokens
-        self.decode_steps = tuple(sorted({1, *decode_steps}))
-        # several steps a dispatch only while at most this many slots are live (None or 0:
-        # any); the k-step programs exist for the batch buckets that hold that many
-        live = decode_steps_max_live or num_slots
-        self.decode_steps_max_live = max(1, min(live, num_slots))
-        self.chunk_batch = pick(self.batch_buckets, self.decode_steps_max_live)
+        self.shapes = engine_shapes(
+            num_slots, max_seq_len, prefill_buckets=prefill_buckets,
+            decode_buckets=decode_buckets, batch_sizes=batch_sizes,
+            prefill_counts=prefill_counts, prefill_batch_tokens=prefill_batch_tokens,
+            decode_steps=decode_steps, decode_steps_max_live=decode_steps_max_live,
+        )  # fmt: skip
         if attention not in ("auto", "native", "xla"):
             raise ValueError(f"attention {attention!r}: auto, native or xla")
         if attention == "auto":
@@ -174,40 +143,19 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         # head_dim 64): position by position XLA's batched products are faster
         fast = qkernel.prompt_attention_fast(cfg.head_dim, cfg.group)
         self.prompt_attention = "native" if attention == "native" and fast else "xla"
-        if weight_format == "auto":  # a GGUF file's own blocks when it has them (exact)
-            weight_format = "gguf" if native else "float32"
-        # Prefill multiplies many rows at once, where XLA's float32 matmuls beat the kernel
-        # (default model, 64 and 128 tokens: 2x less CPU time; 16 tokens: 0.7x).
-        self.weight_format = weight_format
-        self.prefill_weight_format = prefill_weight_format or "float32"
-        # A worker runs one side: the other side's weights would cost memory and start-up
-        # time for nothing (an engine of one side still runs the other, in its own weights).
-        if not set(sides) <= {"prefill", "decode"} or not sides:
-            raise ValueError(f"sides {sides!r}: some of 'prefill', 'decode'")
         self.sides = tuple(sides)
-        # Each side's matrices in the form its shapes run fastest in (quant.side_form): a
-        # float32 decode side holds the kernel's rows, and XLA's matrices too only when it has
-        # batch buckets above float32_rows_max_batch (0: XLA's at every batch). One set of
-        # arrays per distinct form.
-        form_of = {b: quant.side_form(self.weight_format, True, param_dtype, b,
-                                      float32_rows_max_batch)
-                   for b in self.batch_buckets}  # fmt: skip
-        prefill_form = quant.side_form(self.prefill_weight_format, False, param_dtype)
-        if "decode" not in sides:
-            self.weight_format = self.prefill_weight_format
-            form_of = dict.fromkeys(self.batch_buckets, prefill_form)
-        elif "prefill" not in sides:  # the largest bucket's: XLA's where there are both
-            self.prefill_weight_format = weight_format
-            prefill_form = form_of[self.batch_buckets[-1]]
-        prepare = partial(prepare_params, cfg, weights, param_dtype, native=native)
-        built = {f: prepare(weights=f) for f in dict.fromkeys([*form_of.values(), prefill_form])}
-        # every step streams the weights: fewer page translations (kernels/huge_pages.py)
-        if huge_pages:
-            collapse_onto_huge_pages(built.values())
-        self._decode_params_at = {b: built[f] for b, f in form_of.items()}
-        self.decode_params = self._decode_params_at[self.batch_buckets[0]]  # the smallest's
-        self.params = built[prefill_form]  # the prefill side's
-        self._capacity = self.decode_buckets[0]
+        self.side_params = side_params(
+            cfg, weights, sides=self.sides, batch_buckets=self.shapes.batch_buckets,
+            weight_format=weight_format, prefill_weight_format=prefill_weight_format,
+            native=native, param_dtype=param_dtype,
+            float32_rows_max_batch=float32_rows_max_batch, huge_pages=huge_pages,
+        )  # fmt: skip
+        self.weight_format = self.side_params.weight_format
+        self.prefill_weight_format = self.side_params.prefill_weight_format
+        self._decode_params_at = self.side_params.decode_at
+        self.decode_params = self._decode_params_at[self.shapes.batch_buckets[0]]  # the smallest's
+        self.params = self.side_params.prefill  # the prefill side's
+        self._capacity = self.shapes.decode_buckets[0]
         self.shrink_after_steps = shrink_after_steps
         self._steps_over = 0  # consecutive steps whose live sequences needed a smaller cache
         self._cache_k, self._cache_v = self._empty_cache(self._capacity)
@@ -261,9 +209,9 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
                 raise ValueError(f"prefix kv shape {arr.shape}, expected {want}")
         ints, floats = self._sampling_rows(sampling, out_pos=prefix.out_pos + 1)
         # Room for the prefix and the first decoded token's K/V.
-        need = pick(self.decode_buckets, min(n + 1, self.max_seq_len))
+        need = pick(self.shapes.decode_buckets, min(n + 1, self.max_seq_len))
         self._fit_capacity(max(self._capacity, need))
-        width = min(pick(self.prefill_buckets, n), self._capacity)
+        width = min(pick(self.shapes.prefill_buckets, n), self._capacity)
         padded = []
         for arr in prefix.kv:
             out = np.zeros((cfg.layers, width, cfg.kv_heads, cfg.head_dim), self.cache_dtype)
@@ -305,13 +253,14 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         """`steps` decode steps in one dispatch (steps must be one of decode_steps): tokens and
         logprobs [steps, slots]. A slot that finishes midway still advances to the end; the
         caller drops its later tokens and frees it."""
-        if steps not in self.decode_steps:
-            raise ValueError(f"{steps} steps per call not compiled; have {self.decode_steps}")
+        if steps not in self.shapes.decode_steps:
+            have = self.shapes.decode_steps
+            raise ValueError(f"{steps} steps per call not compiled; have {have}")
         if self.controlled:  # each step needs its own mask and the previous step's tokens
             raise ValueError("a live slot has logits controls: one step per call (generate)")
-        if steps > 1 and int(self._live.sum()) > self.decode_steps_max_live:
+        if steps > 1 and int(self._live.sum()) > self.shapes.decode_steps_max_live:
             raise ValueError(f"{steps} steps per call compiled for at most "
-                             f"{self.decode_steps_max_live} live slots")  # fmt: skip
+                             f"{self.shapes.decode_steps_max_live} live slots")  # fmt: skip
         if not self.multi_step_ready(steps):  # its program still compiling: the same tokens
             outs = [self._run(1) for _ in range(steps)]
             return StepOutput(tokens=np.concatenate([o.tokens for o in outs]),
@@ -345,7 +294,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         """(batch bucket, capacity bucket the live sequences need) for a dispatch of `steps`."""
         pos = self._ints[prog.POS]
         need = min(int(pos[self._live].max()) + steps, self.max_seq_len)
-        return pick(self.batch_buckets, n_live), pick(self.decode_buckets, need)
+        return pick(self.shapes.batch_buckets, n_live), pick(self.shapes.decode_buckets, need)
 
     def _run(self, steps: int, masks: StepMasks | None = None) -> StepOutput:
         """Run `steps` steps over the live rows; tokens/logprobs [steps, slots] by slot."""
@@ -454,8 +403,8 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
     def _fit_capacity(self, target: int) -> None:
         """Grow or shrink the cache one bucket at a time until its capacity is `target`."""
         while self._capacity != target:
-            i = self.decode_buckets.index(self._capacity)
-            nxt = self.decode_buckets[i + 1 if target > self._capacity else i - 1]
+            i = self.shapes.decode_buckets.index(self._capacity)
+            nxt = self.shapes.decode_buckets[i + 1 if target > self._capacity else i - 1]
             program = self._program(("resize", self._capacity, nxt))
             resized = [program(k, v) for k, v in zip(self._cache_k, self._cache_v, strict=True)]
             self._cache_k = [k for k, _ in resized]

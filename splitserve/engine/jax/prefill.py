@@ -75,7 +75,7 @@ class PrefillPath:
 
     def _prompt_logprobs(self, ids: np.ndarray, k: int) -> PromptLogprobs:
         """The raw logprob and rank of each prompt token after the first, with top k."""
-        length = pick(self.prefill_buckets, len(ids))
+        length = pick(self.shapes.prefill_buckets, len(ids))
         tokens = np.zeros(length, np.int32)
         tokens[: len(ids)] = ids
         lp, ranks, top_ids, top_lps = self._program(("prompt", length))(self.params, tokens)
@@ -124,14 +124,10 @@ class PrefillPath:
         return ids
 
     def _prefill_shape(self, prompts: Sequence[np.ndarray]) -> tuple[int, int]:
-        count = pick(self.prefill_counts, len(prompts))
-        lengths = self.prompt_lengths if count == 1 else self.prefill_buckets
-        return count, pick(lengths, max(len(p) for p in prompts))
+        return self.shapes.prefill_shape(len(prompts), max(len(p) for p in prompts))
 
     def _fits(self, prompts: Sequence[np.ndarray]) -> bool:
-        if len(prompts) > self.prefill_counts[-1]:
-            return False
-        return self._prefill_shape(prompts) in self.prefill_shapes
+        return self.shapes.fits(len(prompts), max(len(p) for p in prompts))
 
     def _prefill_call(
         self,

@@ -40,8 +40,8 @@ class PrefixReuse:
     def continue_keys(self) -> list[tuple]:
         if not self.prefix_reuse:
             return []
-        return [("prefill_cont", c, t)
-                for c, t in continue_shapes(self.prefill_buckets, self.max_seq_len)]  # fmt: skip
+        pairs = continue_shapes(self.shapes.prefill_buckets, self.max_seq_len)
+        return [("prefill_cont", c, t) for c, t in pairs]
 
     def prefill_cached(
         self,
@@ -62,7 +62,7 @@ class PrefixReuse:
         want = (cfg.layers, m, cfg.kv_heads, cfg.head_dim)
         if not 0 < m < len(ids) or tuple(ck.shape) != want or tuple(cv.shape) != want:
             raise ValueError(f"cached KV {ck.shape} for a prompt of {len(ids)} tokens")
-        c, t = pick(self.prefill_buckets, m), pick(self.prefill_buckets, n)
+        c, t = pick(self.shapes.prefill_buckets, m), pick(self.shapes.prefill_buckets, n)
         key = ("prefill_cont", c, t)
         if key not in self._programs:  # still compiling in the background: the whole prompt
             return self.prefill(tokens, sampling, out_pos)
