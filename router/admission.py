@@ -24,7 +24,8 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import Protocol
 
 from router.requests import NotReady, Overloaded, RequestHandle
 from splitserve.config import RouterConfig
@@ -33,36 +34,36 @@ from splitserve.config import RouterConfig
 # report their timings, and the most it is taken to be
 STEPS_PER_PREFILL_UNMEASURED = 4
 STEPS_PER_PREFILL_MAX = 64
-# prefills of slack in admission ahead: 2 measured no fuller batches (96-97%) and twice the
-# pause after the first token (p50 94 vs 50 ms; tiny-7m, 16 slots, c=128)
+# prefills of slack in admission ahead: more filled the batches no further and lengthened the
+# pause after the first token
 AHEAD_SLACK_PREFILLS = 1
 # the service rate is measured over this many recent admissions, and trusted from this many on
 RATE_WINDOW = 64
 RATE_MIN_SAMPLES = 8
 
 
-class AdmissionController:
-    """Counts the requests in the pipeline (`running`) and queues the rest (`waiters`).
+class Pipeline(Protocol):
+    """What admission reads of the workers (router/workers.py: WorkerTable)."""
 
-    slots() is the decode slots of the cluster (as the decode workers reported them);
-    requests() lists the live requests (for the slots they hold); timings() gives the workers'
-    median prefill time and decode step gap in seconds (0 while unmeasured); on_reject(reason)
-    counts a refusal.
-    """
+    def total_decode_slots(self) -> int:
+        """The decode slots of the cluster, as the decode workers reported them."""
+
+    def timings(self) -> tuple[float, float]:
+        """The workers' median prefill time and decode step gap in seconds (0 while
+        unmeasured)."""
+
+
+class AdmissionController:
+    """Counts the requests in the pipeline (`running`) and queues the rest (`waiters`), for the
+    pipeline's decode slots and the live requests (the slots they hold). A refusal is Overloaded
+    with its reason, which the router core counts."""
 
     def __init__(
-        self,
-        config: RouterConfig,
-        slots: Callable[[], int],
-        requests: Callable[[], Iterable[RequestHandle]],
-        timings: Callable[[], tuple[float, float]],
-        on_reject: Callable[[str], None],
+        self, config: RouterConfig, pipeline: Pipeline, requests: Iterable[RequestHandle]
     ):
         self.config = config
-        self.slots = slots
+        self.pipeline = pipeline
         self.requests = requests
-        self.timings = timings
-        self.on_reject = on_reject
         self.running = 0
         self.waiters: deque[asyncio.Future] = deque()
         self.admitted_at: deque[float] = deque(maxlen=RATE_WINDOW)  # monotonic times
@@ -75,15 +76,15 @@ class AdmissionController:
             self.admitted_at.append(time.monotonic())
             return
         if len(self.waiters) >= self.config.max_queued:
-            self.on_reject("queue_full")
             raise Overloaded(
-                f"{self.running} requests running and {len(self.waiters)} queued: try again later"
+                f"{self.running} requests running and {len(self.waiters)} queued: try again later",
+                reason="queue_full",
             )
         expected = self.expected_wait(len(self.waiters) + 1)
         if expected > self.config.request_timeout_s:
-            self.on_reject("queue_too_slow")
             raise Overloaded(f"the {len(self.waiters)} queued requests ahead would take about "
-                             f"{expected:.0f} s at the measured rate: try again later")  # fmt: skip
+                             f"{expected:.0f} s at the measured rate: try again later",
+                             reason="queue_too_slow")  # fmt: skip
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
         try:
@@ -94,8 +95,8 @@ class AdmissionController:
             elif not fut.done():
                 fut.cancel()
             if isinstance(exc, TimeoutError):
-                self.on_reject("queue_timeout")
-                raise Overloaded("timed out waiting for a free slot: try again later") from None
+                raise Overloaded("timed out waiting for a free slot: try again later",
+                                 reason="queue_timeout") from None  # fmt: skip
             raise
         finally:
             if fut in self.waiters:
@@ -123,7 +124,7 @@ class AdmissionController:
 
     def last_progress(self) -> float:
         """When the pipeline last moved: a request admitted, or a token delivered."""
-        tokens = max((h.last_progress for h in self.requests()), default=0.0)
+        tokens = max((h.last_progress for h in self.requests), default=0.0)
         return max(self.admitted_at[-1] if self.admitted_at else 0.0, tokens)
 
     def expected_wait(self, position: int) -> float:
@@ -160,7 +161,7 @@ class AdmissionController:
         """Requests allowed in the pipeline now (never more than max_running): one per decode
         slot, plus one more while a request admitted now would reach the decode worker about
         when a slot frees for it."""
-        limit, slots = self.config.max_running, self.slots()
+        limit, slots = self.config.max_running, self.pipeline.total_decode_slots()
         if self.running < slots:
             return min(limit, slots)
         per_prefill = self.steps_per_prefill()
@@ -174,7 +175,7 @@ class AdmissionController:
         setting = self.config.admit_ahead_tokens
         if setting != "auto":
             return int(setting)
-        prefill, step = self.timings()
+        prefill, step = self.pipeline.timings()
         if not prefill or not step:
             return STEPS_PER_PREFILL_UNMEASURED
         return max(1, min(STEPS_PER_PREFILL_MAX, math.ceil(prefill / step)))
@@ -193,7 +194,7 @@ class AdmissionController:
         runs slow, at the price of a pause after the first token of that much. Counts on
         max_tokens: a request that ends sooner (eos, a stop string) leaves its slot idle until
         the next prefill is done."""
-        requests = list(self.requests())
+        requests = list(self.requests)
         holding = sorted(
             h.params.max_tokens - h.completion_tokens
             for h in requests

@@ -17,8 +17,9 @@ A request's path through the router core:
  6. The liveness monitor (router/liveness.py) marks workers dead when their heartbeats stop; every
     request that depended on a dead worker is moved to live ones at a new epoch, losing and
     repeating nothing (router/migration.py); requests that make no progress end in bounded time.
-Every end goes through end(): exactly once per request. The HTTP layer (router.http) wraps this;
-tests drive it directly.
+Every end goes through end(): exactly once per request. The liveness monitor, the migrator and the
+dispatch of the workers' messages decide; act() carries out what they decide (router/decisions.py).
+The HTTP layer (router.http) wraps this; tests drive it directly.
 """
 
 from __future__ import annotations
@@ -27,11 +28,24 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import zmq
 
 from router.admission import AdmissionController
+from router.decisions import (
+    Decision,
+    End,
+    Fence,
+    Forget,
+    Lost,
+    Moved,
+    Prefill,
+    Progressed,
+    Send,
+    WorkersChanged,
+)
 from router.dispatch import MessageDispatch
 from router.inbox import HeartbeatClock
 from router.links import WorkerLinks
@@ -42,21 +56,13 @@ from router.params import check_engine, request_message, validate
 from router.placement import NoLiveWorker, Placement
 from router.prefix_affinity import PrefixAffinity
 from router.request_table import RequestTable
-from router.requests import InvalidRequest, NotReady, RequestHandle, RequestParams
+from router.requests import InvalidRequest, NotReady, Overloaded, RequestHandle, RequestParams
 from router.workers import MAX_DETOK_WORKERS, WorkerState, WorkerTable
 from splitserve import protocol
 from splitserve.config import ClusterConfig
 from splitserve.message_limits import max_message_bytes
 from splitserve.progress import ProgressRecord, progress_path
-from splitserve.protocol import (
-    DecodeLoad,
-    DetokPool,
-    FinishReason,
-    GenerateRequest,
-    PrefillLoad,
-    RouterHello,
-    TransportCounters,
-)
+from splitserve.protocol import FinishReason, GenerateRequest, RouterHello, TransportCounters
 
 log = logging.getLogger(__name__)
 
@@ -83,37 +89,30 @@ class RouterCore:
         # when heartbeats arrived, as the inbox's thread read them (router/inbox.py)
         self.clock = HeartbeatClock()
         self.workers = WorkerTable(
-            config.addresses, config.lifecycle.liveness_timeout_s, self.clock
-        )
+            config.addresses, config.lifecycle.liveness_timeout_s, self.clock,
+            [config.slots_of(d) for d in range(config.count("decode"))],
+        )  # fmt: skip
         self.requests = RequestTable(config.lifecycle.state_ttl_s)
         affinity = None
         if (config.model.prefix_cache and config.router.prefix_affinity
                 and config.count("prefill") > 1):  # fmt: skip
             affinity = PrefixAffinity(config.model.prefix_block_tokens)
         self.placement = Placement(
-            self.workers, self.decode_slots, config.router.placement, affinity
+            self.workers, self.workers.decode_slots, config.router.placement, affinity
         )
-        self.admission = AdmissionController(
-            config.router, self.total_decode_slots, lambda: self.requests, self._timings,
-            lambda reason: self.metrics.rejected.labels(reason).inc(),
-        )  # fmt: skip
-        self.metrics = RouterMetrics(
-            config, self.workers, lambda: self.admission.running,
-            lambda: len(self.admission.waiters),
-        )  # fmt: skip
-        self.migrator = Migrator(
-            config.router, self.requests, self.placement, lambda: self.links, self.end,
-            lambda role: self.metrics.migrations.labels(role).inc(),
-        )  # fmt: skip
+        self.admission = AdmissionController(config.router, self.workers, self.requests)
+        self.metrics = RouterMetrics(config, self.workers, self.admission)
+        self.migrator = Migrator(config.router, self.requests, self.placement)
         self.liveness = LivenessMonitor(
-            self.workers, self.requests, config.router.stall_timeout_s, self.end,
-            self.migrator.worker_lost, self._workers_changed, lambda i: self.links.fence(i),
-        )  # fmt: skip
+            self.workers, self.requests, config.router.stall_timeout_s
+        )
+        self.dispatch = MessageDispatch(
+            self.requests, self.workers, self.placement, self.metrics, self.counters
+        )
         self.accepting = True
         self.links: WorkerLinks | None = None  # bound by start()
         self._tasks: list[asyncio.Task] = []
         self._ready_event: asyncio.Event | None = None
-        self._detok_pool: list[str] = []  # as last announced to prefill and decode workers
         self.detok_target = config.count("detok")  # the pool's size the operator asks for
 
     # ---- start and stop ----
@@ -123,18 +122,22 @@ class RouterCore:
             max_message_bytes("router", self.config), self.config.security.keys_dir, self.clock,
             self._progress_record(),
         )  # fmt: skip
+        self.links.detok_pool = self.workers.detok_endpoints()
         self._ready_event = asyncio.Event()
-        self._detok_pool = self.workers.detok_endpoints()
-        dispatch = MessageDispatch(
-            self.requests, self.workers, self.metrics, self.counters, self.end,
-            self.admission.grant, self.migrator.worker_lost, self._workers_changed,
-            self.placement.prefilled,
-        )  # fmt: skip
-        self.links.start_reading(dispatch)
+        self.links.start_reading(self._on_message)
         self._tasks = [
-            asyncio.create_task(self.liveness.run(self.links.inbox), name="router-monitor"),
+            asyncio.create_task(self._monitor(), name="router-monitor"),
             asyncio.create_task(self._say_hello(), name="router-hello"),
         ]
+
+    def _on_message(self, msg: Any, peer: str | None) -> None:
+        """A worker's message, handed over by the inbox's thread on the event loop."""
+        self.act(self.dispatch(msg, peer))
+
+    async def _monitor(self) -> None:
+        """The liveness monitor's passes (router/liveness.py), acted on as they come."""
+        async for decisions in self.liveness.passes(self.links.inbox):
+            self.act(decisions)
 
     def _progress_record(self) -> ProgressRecord | None:
         """This process's progress record in the run directory, which its launcher judges it by
@@ -205,8 +208,10 @@ class RouterCore:
         try:
             await self._wait_for_pipeline()
             await self.admission.acquire()
-        except BaseException:
+        except BaseException as exc:
             self.requests.unreserve(rid)
+            if isinstance(exc, Overloaded) and exc.reason:
+                self.metrics.rejected.labels(exc.reason).inc()
             raise
         handle = None
         try:
@@ -300,41 +305,44 @@ class RouterCore:
             handle.completion_tokens, f" ({error})" if error else "",
         )  # fmt: skip
 
-    # ---- workers ----
-    def decode_slots(self, index: int) -> int:
-        """Decode worker `index`'s slots: what its Ready reported (num_slots "auto" is settled
-        from its model), else as configured (0 for "auto" before it reports)."""
-        return self.workers.reported_slots(index) or self.config.slots_of(index)
-
-    def total_decode_slots(self) -> int:
-        return sum(self.decode_slots(d) for d in range(self.config.count("decode")))
+    # ---- what the router's parts decide ----
+    def act(self, decisions: Iterable[Decision]) -> None:
+        """Carry out, in order, what the liveness monitor, the migrator or the dispatch of the
+        workers' messages decided (router/decisions.py)."""
+        for d in decisions:
+            match d:
+                case End(handle, reason, error):
+                    self.end(handle, reason, error)
+                case Progressed():
+                    self.admission.grant()
+                case Send(role, index, message):
+                    self.links.send(role, index, message)
+                case Prefill(handle, index, message):
+                    handle.prefill_seq = self.links.next_seq()
+                    message = dataclasses.replace(message, seq=handle.prefill_seq)
+                    self.links.send("prefill", index, message)
+                case Forget(request_id, stamp, roles):
+                    self.links.abort_soon(request_id, stamp, roles)
+                case Lost(worker):
+                    self.act(self.migrator.worker_lost(worker))
+                case WorkersChanged(ready):
+                    self._workers_changed(ready)
+                case Fence(index):
+                    self.links.fence(index)
+                case Moved(role):
+                    self.metrics.migrations.labels(role).inc()
 
     def _workers_changed(self, ready: WorkerState | None = None) -> None:
         """A worker's state may have changed (`ready`: it just said Ready)."""
         self.placement.refresh()
         self.admission.grant()  # a decode worker's Ready may have brought its slots
-        self._follow_detok_pool(ready)
+        if self.links is not None:  # prefill and decode workers learn of detok workers joining
+            self.links.follow_detok_pool(self.workers.detok_endpoints(), ready)
         self._move_off_draining_detoks()
         if self.migrator.waiting:
-            self.migrator.retry()
+            self.act(self.migrator.retry())
         if self._ready_event is not None and self.workers.pipeline_ready():
             self._ready_event.set()
-
-    def _follow_detok_pool(self, ready: WorkerState | None) -> None:
-        """Tell prefill and decode workers of detok workers that joined (and any that just
-        started of the pool as it is now)."""
-        if self.links is None:
-            return
-        pool = self.workers.detok_endpoints()
-        changed = pool != self._detok_pool
-        if changed:
-            for k, endpoint in enumerate(pool):
-                if endpoint:
-                    self.links.connect("detok", k, endpoint)
-            self._detok_pool = pool
-            self.links.broadcast(("prefill", "decode"), DetokPool(pool))
-        elif ready is not None and ready.role in ("prefill", "decode"):
-            self.links.send(ready.role, ready.index, DetokPool(pool))
 
     def _move_off_draining_detoks(self) -> None:
         """A detok worker that drains (it is stopping) hands its streams to the others."""
@@ -345,9 +353,8 @@ class RouterCore:
             return
         for handle in self.requests.handles():
             if handle.placed and handle.stamp.detok in draining:
-                self.migrator.move(
-                    handle, "detok", f"detok worker {handle.stamp.detok} drains", planned=True
-                )
+                reason = f"detok worker {handle.stamp.detok} drains"
+                self.act(self.migrator.move(handle, "detok", reason, planned=True))
 
     def resize_detok_pool(self, count: int) -> None:
         """The operator wants `count` detok workers, indices 0..count-1 (the launcher or the
@@ -356,34 +363,13 @@ class RouterCore:
         if not 1 <= count <= MAX_DETOK_WORKERS:
             raise InvalidRequest(f"the detok pool takes 1 to {MAX_DETOK_WORKERS} workers", "count")
         self.detok_target = count
-        for w in self.workers.of("detok"):
-            w.removed = w.index >= count
+        self.workers.resize_detok_pool(count)
         log.info("detok pool resized to %d worker(s)", count)
         self._workers_changed(None)
 
     def detok_pool(self) -> dict[str, Any]:
         """The pool as the operator sees it: the size asked for and each worker's state."""
-        streams: dict[int, int] = {}
-        for handle in self.requests.handles():
-            if handle.placed:
-                streams[handle.stamp.detok] = streams.get(handle.stamp.detok, 0) + 1
-        workers = [
-            {"index": w.index, "state": w.state, "removed": w.removed, "live": w.live,
-             "streams": streams.get(w.index, 0)}
-            for w in sorted(self.workers.of("detok"), key=lambda w: w.index)
-        ]  # fmt: skip
-        return {"target": self.detok_target, "workers": workers}
-
-    def _timings(self) -> tuple[float, float]:
-        """(median prefill, median decode step gap) in seconds from the latest heartbeats."""
-        prefill = step = 0.0
-        for w in self.workers.workers.values():
-            load = w.load
-            if isinstance(load, PrefillLoad):
-                prefill = max(prefill, load.prefill_time.p50)
-            elif isinstance(load, DecodeLoad):
-                step = max(step, load.step_gap.p50)
-        return prefill, step
+        return {"target": self.detok_target, "workers": self.workers.detok_pool(self.requests)}
 
     # ---- introspection ----
     def health(self) -> dict[str, Any]:

@@ -13,6 +13,10 @@ With CURVE, each message comes with its sender's authenticated process name (`de
 Ready or Heartbeat counts only from the worker it names, a delta only from the detok worker the
 request is placed on, a failure only from the request's worker of that role; anything else is
 counted as forged and dropped. Without it (ipc, inproc) the sockets' permissions are the boundary.
+
+Dispatch delivers deltas to their handles itself; what the router must do beyond that (end a
+request, move what a lost worker held, follow a change of the workers, let waiters in) it returns
+as decisions (router/decisions.py) for the router core to act on.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from router.liveness import EndRequest
+from router.decisions import PROGRESSED, Decision, End, Lost, WorkersChanged
 from router.metrics import RouterMetrics
+from router.placement import Placement
 from router.request_table import RequestTable
-from router.requests import Delta, RequestHandle
-from router.workers import WorkerState, WorkerTable
+from router.requests import Delta
+from router.workers import WorkerTable
 from splitserve.protocol import (
     FinishReason,
     Heartbeat,
@@ -39,61 +44,57 @@ from splitserve.security import parse_process_name, process_name
 
 log = logging.getLogger(__name__)
 
+Handler = Callable[[Any, str | None], list[Decision]]
+
 
 class MessageDispatch:
     def __init__(
         self,
         requests: RequestTable,
         workers: WorkerTable,
+        placement: Placement,
         metrics: RouterMetrics,
         counters: TransportCounters,
-        end: EndRequest,
-        requests_moved: Callable[[], None],
-        worker_lost: Callable[[WorkerState], None],
-        workers_changed: Callable[[WorkerState | None], None],
-        prefilled: Callable[[RequestHandle], None],
     ):
         self.requests = requests
         self.workers = workers
+        self.placement = placement
         self.metrics = metrics
         self.counters = counters
-        self.end = end
-        self.requests_moved = requests_moved
-        self.worker_lost = worker_lost
-        self.workers_changed = workers_changed
-        self.prefilled = prefilled
         self.stale_deltas = 0  # of an older epoch, or not where the client's text is
         self.forged = 0  # from an authenticated process that is not the one the message names
-        self.handlers: dict[type, Callable[[Any, str | None], None]] = {
+        self.handlers: dict[type, Handler] = {
             TextBatch: self.text_batch,
             Ready: self.worker_status,
             Heartbeat: self.worker_status,
             RequestFailed: self.request_failed,
         }
 
-    def __call__(self, msg: Any, peer: str | None = None) -> None:
+    def __call__(self, msg: Any, peer: str | None = None) -> list[Decision]:
         """peer: the sender's authenticated process name (CURVE), or None."""
         handler = self.handlers.get(type(msg))
         if handler is None:
             self.counters.malformed += 1
             log.warning("router: unexpected %s", type(msg).__name__)
-            return
-        handler(msg, peer)
+            return []
+        return handler(msg, peer)
 
     def _forged(self, msg: Any, peer: str, what: str) -> None:
         self.forged += 1
         self.counters.malformed += 1
         log.warning("router: dropped a %s from %s: %s", type(msg).__name__, peer, what)
 
-    def text_batch(self, msg: TextBatch, peer: str | None = None) -> None:
+    def text_batch(self, msg: TextBatch, peer: str | None = None) -> list[Decision]:
         now = time.monotonic()
         sender = parse_process_name(peer) if peer is not None else None
         if peer is not None and (sender is None or sender[0] != "detok"):
             self._forged(msg, peer, "text comes from detok workers")
-            return
+            return []
+        out: list[Decision] = []
+        ended: set[str] = set()  # by a delta of this batch: later ones are late output
         for d in msg.deltas:
             handle = self.requests.get(d.request_id)
-            if handle is None:
+            if handle is None or d.request_id in ended:
                 continue  # already ended here (aborted, failed): late output is dropped
             if sender is not None and handle.stamp.detok != sender[1]:
                 # not its detok worker now: one it was moved away from (late), or a forgery
@@ -102,33 +103,36 @@ class MessageDispatch:
             if d.epoch != handle.epoch or d.start_seq != handle.completion_tokens:
                 self.stale_deltas += 1
                 continue
-            self.prefilled(handle)
+            self.placement.prefilled(handle)
             previous = handle.first_token_at and handle.last_progress
             handle.push(Delta(d.text, d.token_ids, d.logprobs, d.top_ids, d.top_logprobs,
                               d.prompt_logprobs, d.cached_tokens))  # fmt: skip
             self.metrics.delta(handle, len(d.token_ids), now, previous)
             if d.finish_reason:
-                self.end(handle, d.finish_reason, "")
-        self.requests_moved()
+                ended.add(d.request_id)
+                out.append(End(handle, d.finish_reason))
+        out.append(PROGRESSED)
+        return out
 
-    def worker_status(self, msg: Ready | Heartbeat, peer: str | None = None) -> None:
+    def worker_status(self, msg: Ready | Heartbeat, peer: str | None = None) -> list[Decision]:
         if peer is not None and peer != process_name(msg.role, msg.index):
             self._forged(msg, peer, f"it names {msg.role}[{msg.index}]")
-            return
+            return []
         worker, lost = self.workers.observe(msg)
-        if worker is not None and lost:
-            self.worker_lost(worker)
-        self.workers_changed(worker if isinstance(msg, Ready) else None)
+        changed = WorkersChanged(worker if isinstance(msg, Ready) else None)
+        return [Lost(worker), changed] if worker is not None and lost else [changed]
 
-    def request_failed(self, msg: RequestFailed, peer: str | None = None) -> None:
+    def request_failed(self, msg: RequestFailed, peer: str | None = None) -> list[Decision]:
         sender = parse_process_name(peer) if peer is not None else None
         if peer is not None and (sender is None or sender[0] != msg.role):
             self._forged(msg, peer, f"it names the {msg.role} role")
-            return
+            return []
+        out: list[Decision] = []
         for rid, epoch in zip(msg.request_ids, msg.epochs, strict=False):
             handle = self.requests.get(rid)
             if handle is None or handle.epoch != epoch:
                 continue
             if sender is not None and getattr(handle.stamp, msg.role) != sender[1]:
                 continue  # a worker it was moved away from (late), or a forgery: not its own
-            self.end(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}")
+            out.append(End(handle, FinishReason.ERROR, f"{msg.role}: {msg.message}"))
+        return out

@@ -21,7 +21,7 @@ from router.inbox import HeartbeatClock, Inbox
 from router.placement import Stamp
 from splitserve.config import WORKER_ROLES, Addresses
 from splitserve.progress import ProgressRecord
-from splitserve.protocol import Abort, Fence, TransportCounters
+from splitserve.protocol import Abort, DetokPool, Fence, TransportCounters
 from splitserve.security import curve_client, curve_server
 from splitserve.transport import Receiver, Sender
 
@@ -51,6 +51,7 @@ class WorkerLinks:
                 self.connect(role, index, endpoint)
         # (role, index) -> [(request id, epoch)] to abort at the end of this event-loop turn
         self._pending_aborts: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        self.detok_pool: list[str] = []  # as last announced to prefill and decode workers
         # From the start time in microseconds: a restarted router numbers above its predecessor
         # (it sends far fewer than a message a microsecond), so no worker echoing an old number
         # is taken to have received a new request.
@@ -78,6 +79,19 @@ class WorkerLinks:
         for (role, index) in list(self.senders):
             if role in roles:
                 self.send(role, index, msg)
+
+    def follow_detok_pool(self, pool: list[str], ready: Any = None) -> None:
+        """The detok pool is `pool` (each index's endpoint, "" where none): when it changed,
+        connect to its new members and tell every prefill and decode worker; else tell one
+        that just said Ready (`ready`: its WorkerState) of it as it is."""
+        if pool != self.detok_pool:
+            for k, endpoint in enumerate(pool):
+                if endpoint:
+                    self.connect("detok", k, endpoint)
+            self.detok_pool = pool
+            self.broadcast(("prefill", "decode"), DetokPool(pool))
+        elif ready is not None and ready.role in ("prefill", "decode"):
+            self.send(ready.role, ready.index, DetokPool(pool))
 
     def next_seq(self) -> int:
         """The send sequence number for the next GenerateRequest or Fence to a prefill worker."""

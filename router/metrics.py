@@ -17,10 +17,9 @@ counters of prompt tokens) come from the prefill workers' PrefillLoad: WorkerCol
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from router.admission import AdmissionController
 from router.requests import RequestHandle
 from router.worker_metrics import WorkerCollector
 from router.workers import WorkerTable
@@ -81,8 +80,7 @@ class RouterMetrics:
         self,
         config: ClusterConfig,
         workers: WorkerTable,
-        running: Callable[[], int],
-        waiting: Callable[[], int],
+        admission: AdmissionController,
     ):
         self.registry = r = CollectorRegistry()
         self.model_name = served_names(config)[0]
@@ -93,9 +91,11 @@ class RouterMetrics:
             return Histogram(name, doc, LABELS, registry=r, buckets=buckets).labels(*ids)
 
         for name, doc, fn in (
-            ("vllm:num_requests_running", "Requests in the pipeline (admitted)", running),
-            ("vllm:num_requests_waiting", "Requests queued for admission", waiting),
-        ):
+            ("vllm:num_requests_running", "Requests in the pipeline (admitted)",
+             lambda: admission.running),
+            ("vllm:num_requests_waiting", "Requests queued for admission",
+             lambda: len(admission.waiters)),
+        ):  # fmt: skip
             Gauge(name, doc, LABELS, registry=r).labels(*ids).set_function(fn)
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens of admitted requests", LABELS, registry=r

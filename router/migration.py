@@ -26,9 +26,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 
-from router.links import WorkerLinks
+from router.decisions import Decision, End, Forget, Moved, Prefill, Send
 from router.placement import NoLiveWorker, Placement, Stamp
 from router.request_table import RequestTable
 from router.requests import RequestHandle
@@ -40,27 +39,20 @@ log = logging.getLogger(__name__)
 
 
 class Migrator:
-    def __init__(
-        self,
-        config: RouterConfig,
-        requests: RequestTable,
-        placement: Placement,
-        links: Callable[[], WorkerLinks],
-        end: Callable[[RequestHandle, FinishReason, str], None],
-        moved: Callable[[str], None],
-    ):
+    """Decides every move: each method changes the placement and the handles it moves and
+    returns what the router core must do for them (router/decisions.py), in order."""
+
+    def __init__(self, config: RouterConfig, requests: RequestTable, placement: Placement):
         self.config = config
         self.requests = requests
         self.placement = placement
-        self.links = links
-        self.end = end
-        self.moved = moved  # counts a move by the role whose worker was lost
         self.waiting: dict[str, RequestHandle] = {}  # moves that wait for a live worker
 
-    def worker_lost(self, w: WorkerState) -> None:
+    def worker_lost(self, w: WorkerState) -> list[Decision]:
         """Move every request that depended on worker w."""
         self.placement.worker_lost(w.role, w.index)
         self.placement.refresh()  # the ring without w, if w is gone
+        out: list[Decision] = []
         for handle in self.requests.handles():
             stamp = handle.stamp
             if w.role == "detok":
@@ -72,81 +64,84 @@ class Migrator:
             else:
                 hit = stamp.decode == w.index
             if hit:
-                self.move(handle, w.role, f"{w.role} worker {w.index} died", planned=stopping(w))
+                out += self.move(handle, w.role, f"{w.role} worker {w.index} died", stopping(w))
+        return out
 
-    def move(self, handle: RequestHandle, lost: str, reason: str, planned: bool = False) -> None:
+    def move(
+        self, handle: RequestHandle, lost: str, reason: str, planned: bool = False
+    ) -> list[Decision]:
         """planned: off a worker stopping on purpose; not counted against max_migrations."""
         if handle.result is not None:
-            return
+            return []
         if not planned and handle.unplanned_moves >= self.config.max_migrations:
-            self.end(handle, FinishReason.ERROR,
-                     f"{reason}; the request was moved {handle.unplanned_moves} times already")
-            return  # fmt: skip
+            # off its workers now, as its end will have it: the next moves are placed without it
+            self.placement.release(handle)
+            return [End(handle, FinishReason.ERROR, f"{reason}; the request was moved"
+                        f" {handle.unplanned_moves} times already")]  # fmt: skip
         old = handle.stamp
         handle.migrations += 1
         handle.unplanned_moves += 0 if planned else 1
         handle.last_progress = time.monotonic()  # the stall clock starts again after a move
-        self.moved(lost)
+        out: list[Decision] = [Moved(lost)]
         # A resumed request whose prefill is still running is placed anew: that prefill sends
         # its first token to the detok worker it was stamped with, which a Repin to the decode
         # worker does not redirect (the new detok worker then waited for it forever)
         stream_only = handle.completion_tokens and handle.placed and not handle.prefill_pending
         if lost == "detok" and stream_only:
             # the decode worker keeps it; the old detok worker (if it lives on) forgets it
-            self.links().abort_soon(handle.request_id, old, ("detok",))
-            self.move_stream(handle, old)
+            out.append(Forget(handle.request_id, old, ("detok",)))
+            out += self.move_stream(handle, old)
         else:
-            self.links().abort_soon(handle.request_id, old)
+            out.append(Forget(handle.request_id, old))
             self.placement.release(handle)
-            self.replace(handle, old.epoch + 1, reason)
+            out += self.replace(handle, old.epoch + 1, reason)
+        return out
 
-    def move_stream(self, handle: RequestHandle, old: Stamp) -> None:
+    def move_stream(self, handle: RequestHandle, old: Stamp) -> list[Decision]:
         """A new detok worker takes the stream over; the decode worker follows it there."""
         try:
             detok = self.placement.detok_for(handle.request_id)
         except NoLiveWorker:  # no detok worker at all: it waits, and is prefilled again then
-            self.links().abort_soon(handle.request_id, old, ("prefill", "decode"))
             self.placement.release(handle)
             self.wait(handle, old.epoch + 1)
-            return
+            return [Forget(handle.request_id, old, ("prefill", "decode"))]
         stamp = dataclasses.replace(old, epoch=old.epoch + 1, detok=detok)
         handle.stamp = stamp
-        links = self.links()
-        links.send("detok", detok, self.resume_message(handle))
         n = handle.completion_tokens
-        links.send("decode", stamp.decode, Repin([handle.request_id], [stamp.epoch], [detok], [n]))
         log.info("%s: stream moved to detok %d (epoch %d, from token %d)", handle.request_id,
                  detok, stamp.epoch, n)  # fmt: skip
+        return [
+            Send("detok", detok, self.resume_message(handle)),
+            Send("decode", stamp.decode, Repin([handle.request_id], [stamp.epoch], [detok], [n])),
+        ]
 
-    def replace(self, handle: RequestHandle, epoch: int, reason: str) -> None:
+    def replace(self, handle: RequestHandle, epoch: int, reason: str) -> list[Decision]:
         """Place the request anew and prefill it again from what the client has had."""
         message = handle.message
         try:
             self.placement.place(handle, epoch, [*message.prompt, *handle.token_ids])
         except NoLiveWorker:
             self.wait(handle, epoch)
-            return
+            return []
         stamp = handle.stamp
         # sent to a prefill worker again: the stall clock starts here (not at its last token,
         # before a wait for a live worker), and its prefill queue is no stall (router/liveness.py)
         handle.last_progress = time.monotonic()
         handle.prefill_from = handle.completion_tokens
         handle.waiting_since = None
-        links = self.links()
-        handle.prefill_seq = links.next_seq()
         handle.prefill_cleared_at = None
         self.waiting.pop(handle.request_id, None)
         n = handle.completion_tokens
-        if n:
-            links.send("detok", stamp.detok, self.resume_message(handle))
+        out: list[Decision] = [Send("detok", stamp.detok, self.resume_message(handle))] if n else []
         resent = dataclasses.replace(
             message, epoch=epoch, decode_index=stamp.decode, detok_index=stamp.detok,
-            prompt=[*message.prompt, *handle.token_ids], start_seq=n, seq=handle.prefill_seq,
+            prompt=[*message.prompt, *handle.token_ids], start_seq=n,
         )  # fmt: skip
-        links.send("prefill", stamp.prefill, resent)
+        out.append(Prefill(handle, stamp.prefill, resent))
         log.info("%s: moved (%s) to prefill %d, decode %d, detok %d at epoch %d from token %d",
                  handle.request_id, reason, stamp.prefill, stamp.decode, stamp.detok, epoch,
                  n)  # fmt: skip
+        return out
 
     def wait(self, handle: RequestHandle, epoch: int) -> None:
         """No live worker can take it now: it waits (its stamp's epoch moves on, so the old
@@ -156,19 +151,21 @@ class Migrator:
             handle.waiting_since = time.monotonic()
         self.waiting[handle.request_id] = handle
 
-    def retry(self) -> None:
+    def retry(self) -> list[Decision]:
         """Workers changed: place the requests that wait, or end those that waited too long."""
         now = time.monotonic()
+        out: list[Decision] = []
         for rid, handle in list(self.waiting.items()):
             if handle.result is not None:
                 del self.waiting[rid]
             elif now - handle.waiting_since > self.config.migration_timeout_s:
                 del self.waiting[rid]
-                self.end(handle, FinishReason.ERROR,
-                         f"no live worker took the request over in "
-                         f"{self.config.migration_timeout_s:.0f} s")  # fmt: skip
+                out.append(End(handle, FinishReason.ERROR,
+                               f"no live worker took the request over in "
+                               f"{self.config.migration_timeout_s:.0f} s"))  # fmt: skip
             else:
-                self.replace(handle, handle.stamp.epoch, "waited for a live worker")
+                out += self.replace(handle, handle.stamp.epoch, "waited for a live worker")
+        return out
 
     def resume_message(self, handle: RequestHandle) -> ResumeStream:
         message: GenerateRequest = handle.message

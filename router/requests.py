@@ -39,6 +39,10 @@ class Overloaded(RequestError):
     status = 429
     kind = "overloaded_error"
 
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason  # why admission refused it (router/metrics.py: REJECT_REASONS)
+
 
 class NotReady(RequestError):
     """No full pipeline is ready, or the router is shutting down (HTTP 503)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,9 +98,13 @@ FOREIGN_LOG_S = 10.0  # ignored heartbeats are logged at most this often per wor
 
 class WorkerTable:
     def __init__(
-        self, addresses: Addresses, liveness_timeout_s: float, clock: HeartbeatClock | None = None
-    ):
+        self, addresses: Addresses, liveness_timeout_s: float, clock: HeartbeatClock | None = None,
+        decode_slots: Sequence[int] = (),
+    ):  # fmt: skip
+        """decode_slots: each decode worker's slots as configured (0: "auto", settled by the
+        worker from its model)."""
         self.liveness_timeout_s = liveness_timeout_s
+        self.configured_slots = list(decode_slots)
         self.clock = clock if clock is not None else HeartbeatClock()
         self.workers: dict[tuple[str, int], WorkerState] = {}
         for role in ("prefill", "decode", "detok"):
@@ -189,6 +194,26 @@ class WorkerTable:
         w = self.workers.get(("decode", decode_index))
         return w.info.num_slots if w is not None else 0
 
+    def decode_slots(self, index: int) -> int:
+        """Decode worker `index`'s slots: what its Ready reported (num_slots "auto" is settled
+        from its model), else as configured (0 for "auto" before it reports)."""
+        configured = self.configured_slots
+        return self.reported_slots(index) or (configured[index] if index < len(configured) else 0)
+
+    def total_decode_slots(self) -> int:
+        return sum(self.decode_slots(d) for d in range(len(self.configured_slots)))
+
+    def timings(self) -> tuple[float, float]:
+        """(median prefill, median decode step gap) in seconds from the latest heartbeats."""
+        prefill = step = 0.0
+        for w in self.workers.values():
+            load = w.load
+            if isinstance(load, PrefillLoad):
+                prefill = max(prefill, load.prefill_time.p50)
+            elif isinstance(load, DecodeLoad):
+                step = max(step, load.step_gap.p50)
+        return prefill, step
+
     def live_detoks(self) -> list[int]:
         return self.live("detok")
 
@@ -197,6 +222,24 @@ class WorkerTable:
         ready = all(self.live(role) for role in ("prefill", "decode", "detok"))
         self.ever_ready = self.ever_ready or ready
         return ready
+
+    def resize_detok_pool(self, count: int) -> None:
+        """The operator wants detok workers 0..count-1: those past it leave the ring (removed)."""
+        for w in self.of("detok"):
+            w.removed = w.index >= count
+
+    def detok_pool(self, requests: Iterable[Any]) -> list[dict[str, Any]]:
+        """Each detok worker's state as the operator sees it, with the streams of `requests`
+        (request handles) placed on it."""
+        streams: dict[int, int] = {}
+        for handle in requests:
+            if handle.placed:
+                streams[handle.stamp.detok] = streams.get(handle.stamp.detok, 0) + 1
+        return [
+            {"index": w.index, "state": w.state, "removed": w.removed, "live": w.live,
+             "streams": streams.get(w.index, 0)}
+            for w in sorted(self.of("detok"), key=lambda w: w.index)
+        ]  # fmt: skip
 
     def detok_endpoints(self) -> list[str]:
         """The detok pool as DetokPool announces it: each index's endpoint, "" where none."""

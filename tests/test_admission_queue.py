@@ -22,13 +22,34 @@ class Running:
     completion_tokens: int = 0
 
 
+class OneSlot:
+    """A pipeline of one decode slot whose workers have measured nothing yet."""
+
+    def total_decode_slots(self) -> int:
+        return 1
+
+    def timings(self) -> tuple[float, float]:
+        return 0.0, 0.0
+
+
+class Recorded(AdmissionController):
+    """Keeps the reason of every refusal, as the router core counts them (its metrics)."""
+
+    rejected: list[str]
+
+    async def acquire(self) -> None:
+        try:
+            await super().acquire()
+        except Overloaded as exc:
+            self.rejected.append(exc.reason)
+            raise
+
+
 def controller(requests: list, **router) -> tuple[AdmissionController, list[str]]:
-    rejected: list[str] = []
     config = RouterConfig(**{"max_running": 1, "max_queued": 8, **router})
-    ctl = AdmissionController(
-        config, lambda: 1, lambda: requests, lambda: (0.0, 0.0), rejected.append
-    )
-    return ctl, rejected
+    ctl = Recorded(config, OneSlot(), requests)
+    ctl.rejected = []
+    return ctl, ctl.rejected
 
 
 def test_a_moving_pipeline_is_waited_for_past_queue_timeout():

@@ -6,6 +6,7 @@ passes. The clock is the test's: every `now` is given, nothing sleeps."""
 
 from __future__ import annotations
 
+from router.decisions import End, Fence
 from router.liveness import LivenessMonitor, prefill_cleared
 from router.placement import Stamp
 from router.request_table import RequestTable
@@ -39,8 +40,8 @@ def worker(heartbeat: Heartbeat | None) -> WorkerState:
 
 class Bound:
     """A real worker table (prefill 0 ready, incarnation "a") and request table holding one
-    request, sent to prefill 0 with seq 100 at t=0, under a monitor whose ends and fences are
-    recorded."""
+    request, sent to prefill 0 with seq 100 at t=0, under a monitor whose decisions (ends and
+    fences) are recorded."""
 
     def __init__(self) -> None:
         self.ended: list[tuple[str, FinishReason, str]] = []
@@ -49,11 +50,7 @@ class Bound:
         self.workers = WorkerTable(ADDRESSES, 30.0)
         self.workers.observe(Ready("prefill", 0, 1, PROTOCOL_VERSION, WorkerInfo(), "a"))
         self.requests = RequestTable(60.0)
-        self.monitor = LivenessMonitor(
-            self.workers, self.requests, STALL,
-            lambda h, reason, why: self.ended.append((h.request_id, reason, why)),
-            lambda w: None, lambda w: None, lambda i: self.fenced.append((self.now, i)),
-        )  # fmt: skip
+        self.monitor = LivenessMonitor(self.workers, self.requests, STALL)
         self.handle = RequestHandle("r", 5, RequestParams(), 0.0, 0.0, deadline=1e9,
                                     last_progress=0.0, prefill_seq=100)  # fmt: skip
         self.handle.stamp = Stamp(epoch=0, prefill=0, decode=0, detok=0)
@@ -63,7 +60,11 @@ class Bound:
         """The monitor's pass at `now`, the latest heartbeat being `heartbeat`."""
         self.now = now
         self.workers.observe(heartbeat)
-        self.monitor.expire_requests(now)
+        for d in self.monitor.expire_requests(now):
+            if isinstance(d, End):
+                self.ended.append((d.handle.request_id, d.reason, d.error))
+            elif isinstance(d, Fence):
+                self.fenced.append((now, d.index))
 
 
 def test_no_proof_before_any_heartbeat_or_from_another_incarnation():

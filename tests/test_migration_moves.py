@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from array import array
 
+from router.decisions import Prefill, Send
 from router.migration import Migrator
 from router.placement import Placement
 from router.request_table import RequestTable
@@ -19,21 +20,18 @@ from splitserve.protocol.params import SamplingParams
 
 
 class RecordedLinks:
-    """What the migrator sends, by role (the transport itself is tested elsewhere)."""
+    """What the migrator decides to send, by role (the router core sends it; the transport
+    itself is tested elsewhere)."""
 
     def __init__(self):
         self.sent: list[tuple[str, int, object]] = []
-        self.seq = 0
 
-    def send(self, role, index, message):
-        self.sent.append((role, index, message))
-
-    def abort_soon(self, request_id, stamp, roles=None):
-        pass
-
-    def next_seq(self):
-        self.seq += 1
-        return self.seq
+    def record(self, decisions) -> None:
+        for d in decisions:
+            if isinstance(d, Send):
+                self.sent.append((d.role, d.index, d.message))
+            elif isinstance(d, Prefill):
+                self.sent.append(("prefill", d.index, d.message))
 
 
 def _migrator():
@@ -45,8 +43,7 @@ def _migrator():
     placement = Placement(workers, lambda d: 4, "load")
     placement.refresh()
     requests, links = RequestTable(60.0), RecordedLinks()
-    migrator = Migrator(RouterConfig(), requests, placement, lambda: links,
-                        lambda *end: None, lambda role: None)  # fmt: skip
+    migrator = Migrator(RouterConfig(), requests, placement)
     return migrator, placement, workers, requests, links
 
 
@@ -63,16 +60,16 @@ def _streaming_handle(placement, requests, tokens: int) -> RequestHandle:
     return handle
 
 
-def _lose_its_detok(migrator, workers, handle):
+def _lose_its_detok(migrator, workers, handle, links):
     lost = workers.get("detok", handle.stamp.detok)
     lost.state = "dead"
-    migrator.worker_lost(lost)
+    links.record(migrator.worker_lost(lost))
 
 
 def test_a_decoding_request_moves_only_its_stream():
     migrator, placement, workers, requests, links = _migrator()
     handle = _streaming_handle(placement, requests, 41)
-    _lose_its_detok(migrator, workers, handle)
+    _lose_its_detok(migrator, workers, handle, links)
     assert [role for role, _, _ in links.sent] == ["detok", "decode"]
     assert isinstance(links.sent[1][2], Repin)
 
@@ -80,10 +77,10 @@ def test_a_decoding_request_moves_only_its_stream():
 def test_a_resumed_request_still_in_prefill_is_placed_anew():
     migrator, placement, workers, requests, links = _migrator()
     handle = _streaming_handle(placement, requests, 41)
-    migrator.move(handle, "decode", "decode worker 0 died")  # resumed: prefilled again
+    links.record(migrator.move(handle, "decode", "decode worker 0 died"))  # prefilled again
     assert handle.prefill_pending and [r for r, _, _ in links.sent] == ["detok", "prefill"]
     links.sent.clear()
-    _lose_its_detok(migrator, workers, handle)
+    _lose_its_detok(migrator, workers, handle, links)
     # prefilled again, its first token stamped for the live detok worker; no Repin
     (_, _, resume), (role, _, resent) = links.sent
     assert role == "prefill" and resent.detok_index == handle.stamp.detok
@@ -95,10 +92,10 @@ def test_a_resumed_request_still_in_prefill_is_placed_anew():
 def test_a_lost_prefill_worker_takes_a_resumed_request_in_its_queue_along():
     migrator, placement, workers, requests, links = _migrator()
     handle = _streaming_handle(placement, requests, 41)
-    migrator.move(handle, "decode", "decode worker 0 died")
+    links.record(migrator.move(handle, "decode", "decode worker 0 died"))
     links.sent.clear()
     lost = workers.get("prefill", 0)
     lost.state = "dead"
-    migrator.worker_lost(lost)
+    links.record(migrator.worker_lost(lost))
     # no other prefill worker: it waits for one (not left on the dead worker's queue)
     assert handle.request_id in migrator.waiting

@@ -16,6 +16,7 @@ import time
 import zmq
 
 from prefill_worker.worker import PrefillWorker
+from router.decisions import End
 from router.liveness import LivenessMonitor
 from router.placement import Stamp
 from router.request_table import RequestTable
@@ -258,7 +259,6 @@ def first_token_only(outbox: list[int], prefill_alive: bool = True, prefill_from
     """What the monitor ends after a long pause: one request with the token its prefill
     sent (and prefill_from more before it), decode worker 0 holding no prefix, prefill
     worker 0 reporting `outbox`."""
-    ended: list[str] = []
     workers = WorkerTable(ADDRESSES, 30.0)
     workers.observe(Ready("prefill", 0, 1, PROTOCOL_VERSION, WorkerInfo(), "p"))
     workers.observe(Ready("decode", 0, 2, PROTOCOL_VERSION, WorkerInfo(), "d"))
@@ -267,17 +267,13 @@ def first_token_only(outbox: list[int], prefill_alive: bool = True, prefill_from
     if not prefill_alive:
         workers.workers[("prefill", 0)].state = "dead"
     requests = RequestTable(60.0)
-    monitor = LivenessMonitor(
-        workers, requests, STALL, lambda h, reason, why: ended.append(h.request_id),
-        lambda w: None, lambda w: None, lambda i: None,
-    )  # fmt: skip
+    monitor = LivenessMonitor(workers, requests, STALL)
     handle = RequestHandle("r", 5, RequestParams(), 0.0, 0.0, deadline=1e9, last_progress=0.0,
                            prefill_seq=100, prefill_from=prefill_from,
                            completion_tokens=prefill_from + 1)  # fmt: skip
     handle.stamp = Stamp(epoch=0, prefill=0, decode=0, detok=0)
     requests.add(handle)
-    monitor.expire_requests(100 * STALL)
-    return ended
+    return [d.handle.request_id for d in monitor.expire_requests(100 * STALL) if isinstance(d, End)]
 
 
 def test_a_prefix_waiting_in_an_outbox_is_no_stall():

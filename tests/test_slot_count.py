@@ -103,7 +103,7 @@ def test_the_router_admits_by_the_slots_a_decode_worker_reports(tokenizer_512):
 
     async def body():
         async with pipeline(config, ready_s=480) as (core, _):
-            assert core.decode_slots(0) == 2 and core.admission.slots() == 2
+            assert core.workers.decode_slots(0) == 2 and core.workers.total_decode_slots() == 2
             params = RequestParams(max_tokens=24, temperature=0.0, ignore_eos=True)
             most_running = 0
 
