@@ -7,8 +7,8 @@ free: one whose holder will have ended by the time the new request's prefill is 
 (may_admit_ahead). Beyond the limit requests queue, in order, up to max_queued.
 
 How long a queued request waits follows what the pipeline does, not a fixed bound: a queue that
-moves is waited in, as vLLM and llama.cpp do (64 streams of the default model on 16 slots keep
-48 requests queued for minutes, and each is served in turn). A waiter is refused as overloaded
+moves is waited in, as vLLM and llama.cpp do (many more streams than decode slots keep requests
+queued for minutes, and each is served in turn). A waiter is refused as overloaded
 (429) only when
 - the pipeline made no progress for queue_timeout_s: no running request received a token and
   none was admitted (a stuck pipeline, not a busy one), or

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-# A detok worker of the default model holds about 70 MiB resident once started (its tokenizer
-# and the interpreter); the estimate leaves room for its streams' state.
+# What a detok worker of the default model holds resident once started (its tokenizer and the
+# interpreter), with room for its streams' state.
 DETOK_WORKER_ESTIMATE_MIB = 96
 MIB = 1 << 20
 

@@ -12,7 +12,7 @@ import bisect
 import hashlib
 from collections.abc import Iterable
 
-DEFAULT_VNODES = 2048  # enough for max/mean load within ~5% up to 16 workers
+DEFAULT_VNODES = 2048  # enough that each worker's share of the request ids stays close to 1/N
 
 
 def stable_hash(key: str) -> int:

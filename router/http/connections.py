@@ -1,7 +1,7 @@
 """Client connections: no client can hold the server's connections away from the others.
 
 uvicorn alone has no limit on how long a request's headers may take, and its limit_concurrency
-counts every open connection, so 1,400 connections trickling a header line every few seconds made
+counts every open connection, so enough connections trickling a header line every few seconds made
 every other client get 503 for as long as they stayed. Here each connection is in one of three
 states, tracked by ConnectionGuard through GuardedProtocol (uvicorn's httptools protocol with
 hooks):

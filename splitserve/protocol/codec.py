@@ -41,7 +41,7 @@ from splitserve.protocol.wire_checks import (
 class _Codec:
     """One dataclass's wire plan, built once: which fields hold nested messages, and the check of
     each arriving value. Plain fields (numbers, strings, lists of them) go to MessagePack as they
-    are, which packs them in C: walking a 128-token prompt element by element in Python cost more
+    are, which packs them in C: walking a prompt element by element in Python cost more
     than the rest of the message together."""
 
     def __init__(self, cls: type):

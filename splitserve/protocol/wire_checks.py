@@ -194,7 +194,7 @@ def _int_list(lo: int | None, hi: int | None, values: frozenset[int] | None, siz
 
     def check(v):
         _sized(v, sizes)
-        # One pass in Python beats the passes in C here at every length measured (8 to 2,048):
+        # One pass in Python beats the passes in C here at every length measured:
         # set(map(type, v)), min and max each cost more per element than these three tests.
         for x in v:
             if type(x) is not int or x < lo or x > hi:
