@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
+from splitserve.engine.compile import background
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax import compiled_programs as jax_compile
 from splitserve.engine.jax.engine import build_jax_engine
 
 pytestmark = pytest.mark.timeout(600)
@@ -29,7 +29,7 @@ def test_close_stops_the_compiles_and_the_stand_ins_go_on():
     eng.warmup(background=False)
     total = eng.multistep_pending
     assert total > 1
-    thread = eng.compile_in_background()
+    thread = eng.programs.compile_in_background()
     eng.close()
     assert not thread.is_alive()
     assert eng.multistep_pending >= total - 1  # at most the program in hand was finished
@@ -43,15 +43,16 @@ def test_a_program_that_fails_to_compile_keeps_its_stand_in():
     stays away from the request path: generate_many runs its stand-in and compiles nothing."""
     eng = build_jax_engine(*ARGS, **OPTIONS)
     eng.warmup(background=False)
-    real = eng._obtain
+    real = eng.programs.obtain
 
     def obtain(key):
         if key[0] == "decode" and key[3] > 1:
             raise RuntimeError(f"no compile for {key}")
         return real(key)
 
-    eng._obtain = obtain  # every later compile goes through it: the background's and a step's
-    eng.compile_in_background().join()
+    # every later compile goes through it: the background's and a step's
+    eng.programs.obtain = obtain
+    eng.programs.compile_in_background().join()
     assert eng.multistep_pending == 0
     prefix = eng.prefill([5, 6, 7], SamplingParams())
     eng.insert(prefix, 0, SamplingParams())
@@ -70,13 +71,13 @@ def test_a_process_exiting_inside_a_background_compile_exits_cleanly():
         compiling = threading.Event()
 
         def obtain(key):
-            fn, args = eng._lowered(key)
+            fn, args = eng.specs.lowered(key)
             lowered = fn.lower(*args)
             compiling.set()
             return lowered.compile(), "compiled"
 
-        eng._obtain = obtain
-        eng.compile_in_background()
+        eng.programs.obtain = obtain
+        eng.programs.compile_in_background()
         assert compiling.wait(300), "no background compile started"
         sys.exit(0)
     """)
@@ -105,15 +106,15 @@ def test_a_process_exiting_while_a_background_program_traces_stops_it_first():
         from splitserve.engine.jax.engine import build_jax_engine
         eng = build_jax_engine(*{ARGS!r}, **{OPTIONS!r})
         eng.warmup(background=False)
-        real, in_hand = eng._obtain, threading.Event()
+        real, in_hand = eng.programs.obtain, threading.Event()
 
         def obtain(key):
             in_hand.set()
-            assert eng._stop_background.wait(300), "never stopped"
+            assert eng.programs._stop_background.wait(300), "never stopped"
             return real(key)
 
-        eng._obtain = obtain
-        eng.compile_in_background()
+        eng.programs.obtain = obtain
+        eng.programs.compile_in_background()
         assert in_hand.wait(300), "no background compile started"
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -128,13 +129,13 @@ def test_the_compiles_wait_for_a_quiet_worker_and_keep_its_priority(monkeypatch)
     it says idle (long enough), every program compiles, on a thread at the process's own CPU
     priority: a lowered one made it hold the GIL while the scheduler passed it over, and the
     worker's other threads (its heartbeats) waited behind it."""
-    monkeypatch.setattr(jax_compile, "QUIET_BEFORE_COMPILE_S", 0.2)
+    monkeypatch.setattr(background, "QUIET_BEFORE_COMPILE_S", 0.2)
     eng = build_jax_engine(*ARGS, **OPTIONS)
     eng.warmup(background=False)
     total = eng.multistep_pending
     idle, polls_while_busy, busy_polls_seen = threading.Event(), threading.Event(), []
     compiles, priorities = [], []
-    real = eng._obtain
+    real = eng.programs.obtain
 
     def quiet() -> bool:
         if not idle.is_set():
@@ -148,8 +149,8 @@ def test_the_compiles_wait_for_a_quiet_worker_and_keep_its_priority(monkeypatch)
         compiles.append(key)
         return real(key)
 
-    eng._obtain = obtain
-    thread = eng.compile_in_background(quiet)
+    eng.programs.obtain = obtain
+    thread = eng.programs.compile_in_background(quiet)
     assert polls_while_busy.wait(300), "quiet() was never asked"
     idle.set()
     thread.join(timeout=500)
@@ -169,7 +170,7 @@ def test_close_stops_a_wait_for_quiet():
         asked.set()
         return False
 
-    thread = eng.compile_in_background(quiet)
+    thread = eng.programs.compile_in_background(quiet)
     assert asked.wait(300)
     eng.close()
     assert not thread.is_alive()

@@ -156,14 +156,14 @@ def test_every_bucket_gives_the_full_batch_tokens(engine, sampling):
 def test_a_step_uses_the_smallest_bucket_that_holds_the_live_slots(engine):
     p = engine.prefill(_prompt(3, 5), GREEDY)
     seen = []
-    run = engine._program
+    run = engine.programs.get
 
     def spy(key):
         if key[0] == "decode":
             seen.append(key[1])
         return run(key)
 
-    engine._program = spy
+    engine.programs.get = spy
     try:
         for slots in ([7], [0, 7], [1, 2, 7], [0, 1, 2, 3, 4], list(range(SLOTS))):
             for s in slots:
@@ -172,12 +172,12 @@ def test_a_step_uses_the_smallest_bucket_that_holds_the_live_slots(engine):
             for s in range(SLOTS):
                 engine.free(s)
     finally:
-        engine._program = run
+        engine.programs.get = run
     assert seen == [1, 2, 4, 8, 8]
 
 
 def test_warmup_compiled_every_bucket(engine):
-    n = len(engine._programs)
+    n = len(engine.programs.compiled)
     p = engine.prefill(_prompt(4, 20), SEEDED)
     for s in range(5):
         engine.insert(p, s, SEEDED)
@@ -187,7 +187,7 @@ def test_warmup_compiled_every_bucket(engine):
     engine.free(3)
     for _ in range(30):  # runs buckets 8 and 4
         engine.generate()
-    assert len(engine._programs) == n, "a step compiled after warmup"
+    assert len(engine.programs.compiled) == n, "a step compiled after warmup"
 
 
 def test_nothing_live_runs_nothing(engine):

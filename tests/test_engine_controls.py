@@ -217,7 +217,7 @@ def test_a_plain_batch_never_runs_the_controls_program(engine):
                       decode_buckets=(32, 64))  # fmt: skip
     run(fresh, [prompt(2), prompt(3)], [SamplingParams(), SamplingParams(temperature=1.0)],
         [None, None], steps=3)  # fmt: skip
-    assert not [k for k in fresh._programs if k[0] in ("controls", "prompt")]
+    assert not [k for k in fresh.programs.compiled if k[0] in ("controls", "prompt")]
 
 
 def test_several_steps_per_call_are_refused_while_a_slot_has_controls(engine):

@@ -50,12 +50,12 @@ def _decode(engine, prefix, slot, sampling, steps):
 
 
 def test_warmup_compiled_every_program(engine):
-    keys = engine.program_keys()
-    assert set(keys) <= set(engine._programs)
-    n = len(engine._programs)
+    keys = engine.specs.keys()
+    assert set(keys) <= set(engine.programs.compiled)
+    n = len(engine.programs.compiled)
     p = engine.prefill(_prompt(0, 20), SAMPLED)
     _decode(engine, p, 1, SAMPLED, 40)  # crosses capacity 16 -> 64
-    assert len(engine._programs) == n, "a step compiled after warmup"
+    assert len(engine.programs.compiled) == n, "a step compiled after warmup"
 
 
 def test_decode_after_prefill_equals_full_prefill(engine):

@@ -67,7 +67,7 @@ def test_k_step_programs_only_up_to_the_live_bound():
         "random:test-tiny:9", SLOTS, MAX_SEQ, prefill_buckets=(16, 64), decode_buckets=(32, 64),
         decode_steps=(K,), decode_steps_max_live=1,
     )
-    decode = [k for k in eng.program_keys(prefill=False) if k[0] == "decode"]
+    decode = [k for k in eng.specs.keys(prefill=False) if k[0] == "decode"]
     assert {(b, k) for _, b, _, k in decode} == {(1, 1), (2, 1), (4, 1), (1, K)}
     prefix = eng.prefill(_prompt(3, 12), SamplingParams())
     eng.insert(prefix, 2, SamplingParams())
@@ -90,9 +90,9 @@ def test_k_step_programs_compile_after_ready_and_single_steps_stand_in():
         decode_steps=(K,),
     )  # two slots: few programs to compile
     eng.warmup(background=False)  # the background thread started below, not at once
-    later = [k for k in eng.program_keys() if k[0] == "decode" and k[3] == K]
-    assert later and set(eng.deferred_keys()) == set(later)
-    assert not set(later) & set(eng._programs) and eng.multistep_pending == len(later)
+    later = [k for k in eng.specs.keys() if k[0] == "decode" and k[3] == K]
+    assert later and set(eng.specs.deferred_keys()) == set(later)
+    assert not set(later) & set(eng.programs.compiled) and eng.multistep_pending == len(later)
     sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
     prefix = eng.prefill(_prompt(5, 20), sampling)
 
@@ -108,12 +108,12 @@ def test_k_step_programs_compile_after_ready_and_single_steps_stand_in():
     eng.insert(prefix, 1, sampling)
     assert not eng.multi_step_ready(K)
     eng.free(1)
-    programs = len(eng._programs)
+    programs = len(eng.programs.compiled)
     np.testing.assert_array_equal(run(), single)
-    assert len(eng._programs) == programs, "a stand-in step compiled a program"
+    assert len(eng.programs.compiled) == programs, "a stand-in step compiled a program"
 
-    eng.compile_in_background().join()
-    assert eng.multistep_pending == 0 and set(later) <= set(eng._programs)
+    eng.programs.compile_in_background().join()
+    assert eng.multistep_pending == 0 and set(later) <= set(eng.programs.compiled)
     eng.insert(prefix, 1, sampling)
     assert eng.multi_step_ready(K)
     eng.free(1)

@@ -34,18 +34,18 @@ def test_batched_prefill_equals_one_at_a_time(engine):
         for i in range(len(prompts))
     ]
     calls = []
-    run = engine._program
+    run = engine.programs.get
 
     def spy(key):
         if key[0] == "prefill":
             calls.append(key[1:])
         return run(key)
 
-    engine._program = spy
+    engine.programs.get = spy
     try:
         together = engine.prefill_batch(prompts, samplings)
     finally:
-        engine._program = run
+        engine.programs.get = run
     assert len(calls) < len(prompts), "nothing was batched"
     assert all(c * t <= 64 or c == 1 for c, t in calls), calls  # within the token budget
     alone = [engine.prefill(p, s) for p, s in zip(prompts, samplings, strict=True)]
@@ -87,7 +87,7 @@ def test_a_lone_prompt_pads_to_the_finer_lengths_with_the_same_prefix():
     assert coarse._prefill_shape([np.asarray(prompt)]) == (1, 256)
     for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=3)):
         a, b = fine.prefill(prompt, sampling), coarse.prefill(prompt, sampling)
-        assert ("prefill", 1, 160) in fine._programs
+        assert ("prefill", 1, 160) in fine.programs.compiled
         assert (a.length, a.first_token) == (b.length, b.first_token) == (136, b.first_token)
         np.testing.assert_allclose(a.first_logprob, b.first_logprob, atol=1e-5)
         for ka, kb in zip(a.kv, b.kv, strict=True):

@@ -76,7 +76,7 @@ def _dot_operand_types(hlo: str) -> list[tuple[str, str, str]]:
 
 def _lowered_dot_types(engine, key) -> list[tuple[str, str, str]]:
     """(lhs, rhs, result) element types of every dot_general the program asks XLA for."""
-    fn, args = engine._lowered(key)
+    fn, args = engine.specs.lowered(key)
     text = fn.lower(*args).as_text()
     tensor = r"tensor<(?:\d+x)*(\w+)>"  # the dimensions, then the element type
     return re.findall(rf"stablehlo\.dot_general.*?: \({tensor}, {tensor}\) -> {tensor}", text)
@@ -98,7 +98,7 @@ def test_the_prompt_pass_asks_for_bfloat16_products(bf16, f32):
 def test_on_bfloat16_matrix_units_the_compiled_products_stay_bfloat16(bf16):
     """Where the CPU has AMX-BF16, XLA keeps the layers' products in bfloat16 (elsewhere it may
     widen them to float32 and run them as float32: the answers are the same, the speed not)."""
-    dots = _dot_operand_types(bf16._obtain(("prefill", 1, 16))[0].as_text())
+    dots = _dot_operand_types(bf16.programs.obtain(("prefill", 1, 16))[0].as_text())
     in_bf16 = [d for d in dots if d[1:] == ("bf16", "bf16")]
     assert len(in_bf16) >= 4 * bf16.cfg.layers, dots
     assert all(out == "f32" for out, _, _ in in_bf16)

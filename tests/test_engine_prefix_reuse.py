@@ -24,10 +24,10 @@ def engine():
     eng = build_jax_engine("random:test-tiny:3", 2, MAX_SEQ, prefill_buckets=BUCKETS,
                            decode_buckets=BUCKETS, prefix_reuse=True)  # fmt: skip
     eng.warmup(decode=False)
-    eng.background.join()  # compiled after warm-up, in the background
+    eng.programs.background.join()  # compiled after warm-up, in the background
     # what the prefill worker's load reports (PrefillLoad.prefix_compiling): none left
     assert eng.continuations_pending == 0
-    assert all(key in eng._programs for key in eng.continue_keys())
+    assert all(key in eng.programs.compiled for key in eng.specs.continue_keys())
     return eng
 
 
@@ -70,10 +70,10 @@ def test_sampled_first_token_matches(engine):
 
 
 def test_warmup_compiled_every_continuation(engine):
-    n = len(engine._programs)
+    n = len(engine.programs.compiled)
     for prompt, other, m in cases(2, 12):
         engine.prefill_cached(prompt, GREEDY, [a[:, :m] for a in engine.prefill(other, GREEDY).kv])
-    assert len(engine._programs) == n, "a continuation compiled after warm-up"
+    assert len(engine.programs.compiled) == n, "a continuation compiled after warm-up"
     # at least 33 cached tokens and 33 new ones fit in 128; 65 and 65 would not
     assert (128, 128) in continue_shapes(BUCKETS, MAX_SEQ)
     assert (128, 128) not in continue_shapes((16, 32, 64, 128), MAX_SEQ)

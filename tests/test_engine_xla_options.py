@@ -10,8 +10,7 @@ import re
 import pytest
 from jaxlib import version
 
-from splitserve.engine.compile import xla_options
-from splitserve.engine.jax import compiled_programs as jax_compile
+from splitserve.engine.compile import program_table, xla_options
 from splitserve.engine.jax.engine import build_jax_engine
 
 YNN = "xla_cpu_experimental_ynn_fusion_type"
@@ -53,14 +52,14 @@ def test_the_engine_compiles_each_program_with_its_kinds_options(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     eng = build_jax_engine("random:test-tiny:5", 2, 64, prefill_buckets=(16, 64),
                            decode_buckets=(64,), prefill_counts=(1,))  # fmt: skip
-    assert _ynn_products(eng._obtain(("prefill", 1, 16))[0].as_text()) > 0
+    assert _ynn_products(eng.programs.obtain(("prefill", 1, 16))[0].as_text()) > 0
     # every prompt kind names a program the engine compiles: a renamed kind would otherwise
     # fall silently to the decode side's options
     for key in [("prefill", 1, 16), ("prefill_cont", 16, 16), ("prompt", 16)]:
         assert key[0] in xla_options.PROMPT_KINDS
-        eng._lowered(key)
+        eng.specs.lowered(key)
     # the same program given the decode side's options: its products leave YNNPACK, so the
     # engine's compile is what takes the options (and they do what they say)
     decode_side = xla_options.compile_options("decode")
-    monkeypatch.setattr(jax_compile, "compile_options", lambda kind: decode_side)
-    assert _ynn_products(eng._obtain(("prefill", 1, 16))[0].as_text()) == 0
+    monkeypatch.setattr(program_table, "compile_options", lambda kind: decode_side)
+    assert _ynn_products(eng.programs.obtain(("prefill", 1, 16))[0].as_text()) == 0

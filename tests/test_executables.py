@@ -63,7 +63,7 @@ def test_a_second_engine_loads_every_program_and_computes_the_same(tmp_path):
     reference = run(first)
     second = engine(store)
     sources = warm(second)
-    assert set(sources) == {"cache"} and sum(sources.values()) == len(second.program_keys())
+    assert set(sources) == {"cache"} and sum(sources.values()) == len(second.specs.keys())
     assert run(second) == reference
     fresh = engine(None)  # no store at all: the plain compile path
     assert set(warm(fresh)) == {"compiled, no cache"}
@@ -74,30 +74,30 @@ def test_another_configuration_never_meets_these_files(tmp_path):
     store = str(tmp_path / "x")
     two, three = engine(store, num_slots=2), engine(store, num_slots=3)  # another cache shape
     key = ("insert", 16, 64)
-    assert two._obtain(key)[1] == "compiled"
-    assert two.executables.path(key) != three.executables.path(key)
-    assert three.executables.load(key) is None and engine(store).executables.load(key)
+    assert two.programs.obtain(key)[1] == "compiled"
+    assert two.programs.store.path(key) != three.programs.store.path(key)
+    assert three.programs.store.load(key) is None and engine(store).programs.store.load(key)
 
 
 def test_a_torn_or_untrusted_file_is_not_run(tmp_path, caplog):
     store = str(tmp_path / "x")
     e = engine(store)
     key, other = ("sample", 1, True), ("sample", 2, False)
-    e._obtain(key), e._obtain(other)
-    path = e.executables.path(key)
+    e.programs.obtain(key), e.programs.obtain(other)
+    path = e.programs.store.path(key)
     with open(path, "r+b") as f:
         f.truncate(100)
     again = engine(store)
     with caplog.at_level(logging.WARNING, logger="splitserve.engine.compile.executables"):
-        assert again.executables.load(key) is None
+        assert again.programs.store.load(key) is None
     assert "does not load" in caplog.text and not os.path.exists(path)
-    program, source = again._obtain(key)  # compiled again and stored whole
+    program, source = again.programs.obtain(key)  # compiled again and stored whole
     assert source == "compiled" and os.path.getsize(path) > 100
 
-    os.chmod(again.executables.path(other), 0o666)
+    os.chmod(again.programs.store.path(other), 0o666)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="splitserve.engine.compile.executables"):
-        assert again.executables.load(other) is None
+        assert again.programs.store.load(other) is None
     assert "writable by others" in caplog.text
 
 
@@ -119,11 +119,11 @@ def test_a_flipped_byte_is_caught_before_loading_and_the_program_compiled_again(
             f.seek(size // 2)
             f.write(bytes([byte[0] ^ 0x10]))
     second = engine(store)
-    assert warm(second) == {"compiled": len(second.program_keys())}
-    assert second.executables.rejected == {"damaged": len(entries)}
+    assert warm(second) == {"compiled": len(second.specs.keys())}
+    assert second.programs.store.rejected == {"damaged": len(entries)}
     assert run(second) == reference
     third = engine(store)  # stored whole again
-    assert set(warm(third)) == {"cache"} and not third.executables.rejected
+    assert set(warm(third)) == {"cache"} and not third.programs.store.rejected
 
 
 # A process that loads one stored executable and dies inside the load, as XLA's LLVM ended
@@ -143,20 +143,20 @@ def test_a_load_that_ended_the_process_is_not_tried_again_from_that_file(tmp_pat
     store = str(tmp_path / "x")
     first = engine(store)
     key = ("sample", 1, True)
-    assert first._obtain(key)[1] == "compiled"
+    assert first.programs.obtain(key)[1] == "compiled"
     identity = tmp_path / "identity"
-    identity.write_text(first.program_identity())
+    identity.write_text(first.specs.identity())
     child = subprocess.run([sys.executable, "-c", CRASHING_LOADER, store, str(identity),
                             repr(key)], capture_output=True, timeout=120)  # fmt: skip
     assert child.returncode == -signal.SIGABRT, child.stderr.decode()[-2000:]
 
     second = engine(store)
     with caplog.at_level(logging.WARNING, logger="splitserve.engine.compile.executables"):
-        assert second._obtain(key)[1] == "compiled"  # not loaded from the file that crashed
-    assert second.executables.rejected == {"crashed": 1}
+        assert second.programs.obtain(key)[1] == "compiled"  # not loaded from the file that crashed
+    assert second.programs.store.rejected == {"crashed": 1}
     assert "a previous load of it ended the process" in caplog.text
-    assert not os.path.exists(second.executables.path(key) + executables.LOADING)
-    assert engine(store)._obtain(key)[1] == "cache"  # the fresh file loads, and is kept
+    assert not os.path.exists(second.programs.store.path(key) + executables.LOADING)
+    assert engine(store).programs.obtain(key)[1] == "cache"  # the fresh file loads, and is kept
 
 
 def _lock_waiters(path: str) -> int:
@@ -173,14 +173,14 @@ def test_a_marker_held_by_a_live_loader_is_waited_for_not_taken_for_a_crash(tmp_
     store = str(tmp_path / "x")
     e = engine(store)
     key = ("sample", 1, True)
-    e._obtain(key)
-    path = e.executables.path(key)
+    e.programs.obtain(key)
+    path = e.programs.store.path(key)
     marker = path + executables.LOADING
     fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o600)  # as a live loader holds it
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.write(fd, b"1\n")
     loaded: list = []
-    other = threading.Thread(target=lambda: loaded.append(e.executables.load(key)))
+    other = threading.Thread(target=lambda: loaded.append(e.programs.store.load(key)))
     other.start()
     try:
         wait_until(lambda: _lock_waiters(marker) or loaded, 60, "the second loader to wait")
@@ -190,7 +190,7 @@ def test_a_marker_held_by_a_live_loader_is_waited_for_not_taken_for_a_crash(tmp_
         os.close(fd)
         other.join(60)
     assert loaded and loaded[0] is not None
-    assert not e.executables.rejected and os.path.exists(path)
+    assert not e.programs.store.rejected and os.path.exists(path)
     assert not os.path.exists(marker)
 
 
@@ -200,14 +200,14 @@ def test_a_stop_while_loading_leaves_no_crash_marker(tmp_path):
     store = str(tmp_path / "x")
     e = engine(store)
     key = ("sample", 1, True)
-    e._obtain(key)
-    path = e.executables.path(key)
+    e.programs.obtain(key)
+    path = e.programs.store.path(key)
     fd = executables._begin_load(path)  # a load in flight, as the stop finds it
     assert os.path.exists(path + executables.LOADING)
     executables.abandon_loads()
     os.close(fd)  # the process exits
     assert not os.path.exists(path + executables.LOADING)
-    assert engine(store)._obtain(key)[1] == "cache"
+    assert engine(store).programs.obtain(key)[1] == "cache"
 
 
 def test_the_store_refuses_to_sit_beside_jax_s_own_cache(tmp_path):

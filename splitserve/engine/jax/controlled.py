@@ -56,12 +56,12 @@ class ControlledSteps:
         pick_rows[:n] = rows
         floats = np.ascontiguousarray(self._floats[:, :batch])
         inputs = self._controls.inputs(batch, masked, pick_rows)
-        sub = self._program(("gather", batch, count))(logits, pick_rows)
-        c_tok, c_lp, top_ids, top_lps = self._program(("controls", count, len(inputs) > 6))(
+        sub = self.programs.get(("gather", batch, count))(logits, pick_rows)
+        c_tok, c_lp, top_ids, top_lps = self.programs.get(("controls", count, len(inputs) > 6))(
             sub, ints[:, pick_rows], floats[:, pick_rows], *inputs  # fancy indexing: copies
         )
         if (self._floats[prog.TEMP, :batch][live & ~processed] > 0).any():
-            tok, lp = self._program(("sample", batch, False))(logits, ints, floats)
+            tok, lp = self.programs.get(("sample", batch, False))(logits, ints, floats)
         tok, lp = np.array(tok), np.array(lp)  # writable copies
         tok[rows], lp[rows] = np.asarray(c_tok)[:n], np.asarray(c_lp)[:n]
         top = None

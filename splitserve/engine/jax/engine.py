@@ -37,11 +37,11 @@ measured) and float32 for any other checkpoint (int8 and bfloat16 round its weig
 prefill defaults to float32, and may take XLA's bfloat16 products instead (quant.BF16_XLA:
 weights and activations rounded, float32 sums), which CPUs with bfloat16 matrix units run
 several times as fast.
-Every program is compiled ahead of time (`warmup`, compiled_programs.py) and kept as an executable,
-so no step ever pays a compile after the worker says Ready; with an `executable_dir` they are
-stored there too, and a restart loads them instead of compiling (compile/executables.py). Only the
-programs that have a stand-in may come after Ready on a cold start (the k-step decode programs:
-k single steps meanwhile).
+Every program is compiled ahead of time (`warmup`, compile/program_table.py) and kept as an
+executable, so no step ever pays a compile after the worker says Ready; with an
+`executable_dir` they are stored there too, and a restart loads them instead of compiling
+(compile/executables.py). Only the programs that have a stand-in may come after Ready on a
+cold start (the k-step decode programs: k single steps meanwhile).
 The prefill path is prefill.py, prefill from a cached prefix prefix_reuse.py, the controlled
 rows of a decode step controlled.py.
 """
@@ -51,7 +51,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -59,6 +58,7 @@ from splitserve.engine.compile.buckets import (
     pick,
 )
 from splitserve.engine.compile.executables import ExecutableStore
+from splitserve.engine.compile.program_table import ProgramTable
 from splitserve.engine.interface import (
     Engine,
     LogitsControls,
@@ -69,11 +69,12 @@ from splitserve.engine.interface import (
     TopLogprobs,
 )
 from splitserve.engine.jax import programs as prog
-from splitserve.engine.jax.compiled_programs import CompiledPrograms
 from splitserve.engine.jax.control_rows import ControlRows
 from splitserve.engine.jax.controlled import ControlledSteps
+from splitserve.engine.jax.kv_cache import cache_shapes
 from splitserve.engine.jax.prefill import PrefillPath
 from splitserve.engine.jax.prefix_reuse import PrefixReuse
+from splitserve.engine.jax.program_specs import ProgramSpecs, attention_paths
 from splitserve.engine.jax.shapes import engine_shapes
 from splitserve.engine.jax.slot_rows import SlotRows
 from splitserve.engine.jax.weights import side_params
@@ -87,7 +88,7 @@ __all__ = ["JaxEngine", "build_jax_engine", "load_model", "load_native"]
 log = logging.getLogger(__name__)
 
 
-class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Engine):
+class JaxEngine(PrefillPath, PrefixReuse, ControlledSteps, Engine):
     """Llama in JAX behind the Engine interface (see the module docstring)."""
 
     supports_controls = True
@@ -134,15 +135,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
             prefill_counts=prefill_counts, prefill_batch_tokens=prefill_batch_tokens,
             decode_steps=decode_steps, decode_steps_max_live=decode_steps_max_live,
         )  # fmt: skip
-        if attention not in ("auto", "native", "xla"):
-            raise ValueError(f"attention {attention!r}: auto, native or xla")
-        if attention == "auto":
-            attention = "native" if qkernel.available() else "xla"
-        self.attention = attention
-        # a prompt pass's attention in the kernel only where its blocked path runs (AVX-512,
-        # head_dim 64): position by position XLA's batched products are faster
-        fast = qkernel.prompt_attention_fast(cfg.head_dim, cfg.group)
-        self.prompt_attention = "native" if attention == "native" and fast else "xla"
+        self.attention, self.prompt_attention = attention_paths(attention, cfg)
         self.sides = tuple(sides)
         self.side_params = side_params(
             cfg, weights, sides=self.sides, batch_buckets=self.shapes.batch_buckets,
@@ -166,20 +159,30 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         self._floats[prog.TOP_P] = 1.0
         self._live = np.zeros(num_slots, bool)  # by row
         self._controls = ControlRows(num_slots, cfg.vocab_size)  # by row
-        self._programs: dict[tuple, jax.stages.Compiled] = {}
         self.rows_moved = 0  # compaction moves so far (a figure for benchmarks)
-        self.prefix_reuse = prefix_reuse  # warm-up compiles prefill_cached's programs too
-        if executable_dir:  # compiled programs kept for the next start (compile/executables.py)
-            self.executables = ExecutableStore(executable_dir, self.program_identity())
+        self.specs = ProgramSpecs(cfg, self.shapes, self.side_params, self.cache_dtype,
+                                  self.attention, self.prompt_attention, prefix_reuse)  # fmt: skip
+        # compiled programs kept for the next start (compile/executables.py)
+        store = ExecutableStore(executable_dir, self.specs.identity()) if executable_dir else None
+        self.programs = ProgramTable(self.specs, store)
 
-    def _cache_shapes(self, capacity: int) -> tuple[tuple, tuple]:
-        c = self.cfg
-        k = (self.num_slots, c.kv_heads, c.head_dim, capacity)  # keys transposed
-        v = (self.num_slots, c.kv_heads, capacity, c.head_dim)
-        return k, v
+    def warmup(
+        self, prefill: bool = True, decode: bool = True, threads: int | None = None,
+        progress=None, background: bool = True, quiet=None,
+    ) -> None:  # fmt: skip
+        """Obtain every program but the deferred ones before the worker says Ready (those the
+        store has are loaded too; the rest compile in the background, from here, or when
+        self.programs.compile_in_background() is called if background is False). A prefill
+        worker needs only the prefill side, a decode worker only the decode side."""
+        self.programs.warmup(self.specs.keys(prefill, decode),
+                             self.specs.deferred_keys(prefill, decode), threads, progress,
+                             background, quiet)  # fmt: skip
+
+    def close(self) -> None:
+        self.programs.close()
 
     def _empty_cache(self, capacity: int) -> tuple[list, list]:
-        k, v = self._cache_shapes(capacity)
+        k, v = cache_shapes(self.cfg, self.num_slots, capacity)
         layers = range(self.cfg.layers)
         dt = self.cache_dtype
         return [jnp.zeros(k, dt) for _ in layers], [jnp.zeros(v, dt) for _ in layers]
@@ -218,7 +221,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
             out[:, :n] = arr  # copies (and converts) even a read-only frombuffer view
             padded.append(out)
         row = self._rows.take(slot)
-        program = self._program(("insert", width, self._capacity))
+        program = self.programs.get(("insert", width, self._capacity))
         row_arg = np.int32(row)
         for layer in range(cfg.layers):
             self._cache_k[layer], self._cache_v[layer] = program(
@@ -275,20 +278,20 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
 
     @property
     def multistep_pending(self) -> int:
-        return self.deferred_pending("decode")
+        return self.programs.pending_count("decode")
 
     def multi_step_ready(self, steps: int) -> bool:
         """Whether the next dispatch of `steps` steps finds its program (False while it is
         still compiling after a cold start's warm-up: generate_many then runs single steps)."""
         live = self._live
         n_live = int(live.sum())
-        if steps == 1 or n_live == 0 or not self._handed:
+        if steps == 1 or n_live == 0 or not self.programs.any_deferred:
             return True
         batch, target = self._dispatch_shape(n_live, steps)
         # the capacity _run will use: the target (grown at once, or shrunk at this step) or
         # the present one
         capacities = {target, max(target, self._capacity)}
-        return not any(self.deferred(("decode", batch, c, steps)) for c in capacities)
+        return not any(self.programs.deferred(("decode", batch, c, steps)) for c in capacities)
 
     def _dispatch_shape(self, n_live: int, steps: int) -> tuple[int, int]:
         """(batch bucket, capacity bucket the live sequences need) for a dispatch of `steps`."""
@@ -318,7 +321,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         pos[~live] = 0
         ints = np.ascontiguousarray(self._ints[:, :batch])
         ints[prog.LIVE] = n_live
-        program = self._program(("decode", batch, self._capacity, steps))
+        program = self.programs.get(("decode", batch, self._capacity, steps))
         top = None
         if steps == 1:
             self._cache_k, self._cache_v, tok, lp, logits = program(
@@ -330,7 +333,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
                 tok, lp, top = self._controlled(batch, logits, ints, tok, lp, masked)
             elif (self._floats[prog.TEMP, :batch][live[:batch]] > 0).any():
                 floats = np.ascontiguousarray(self._floats[:, :batch])
-                tok, lp = self._program(("sample", batch, False))(logits, ints, floats)
+                tok, lp = self.programs.get(("sample", batch, False))(logits, ints, floats)
             tok, lp = np.asarray(tok)[None], np.asarray(lp)[None]
         else:
             floats = np.ascontiguousarray(self._floats[:, :batch])
@@ -377,7 +380,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         moves = self._rows.plan_moves(height)
         if not moves:
             return
-        program = self._program(("move", self._capacity))
+        program = self.programs.get(("move", self._capacity))
         for src, dst in moves:
             self._cache_k, self._cache_v = program(
                 self._cache_k, self._cache_v, np.int32(src), np.int32(dst)
@@ -405,7 +408,7 @@ class JaxEngine(CompiledPrograms, PrefillPath, PrefixReuse, ControlledSteps, Eng
         while self._capacity != target:
             i = self.shapes.decode_buckets.index(self._capacity)
             nxt = self.shapes.decode_buckets[i + 1 if target > self._capacity else i - 1]
-            program = self._program(("resize", self._capacity, nxt))
+            program = self.programs.get(("resize", self._capacity, nxt))
             resized = [program(k, v) for k, v in zip(self._cache_k, self._cache_v, strict=True)]
             self._cache_k = [k for k, _ in resized]
             self._cache_v = [v for _, v in resized]

@@ -59,7 +59,7 @@ class PrefillPath:
         row.set(0, controls, ids, out_pos, None)
         masks = {} if mask is None else {0: np.asarray(mask, np.int32)}
         inputs = row.inputs(1, masks)
-        program = self._program(("controls", 1, len(inputs) > 6))
+        program = self.programs.get(("controls", 1, len(inputs) > 6))
         tok, lp, top_ids, top_lps = program(logits, ints, floats, *inputs)
         (prefix,) = self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:1], k_np, v_np,
                                    [out_pos])  # fmt: skip
@@ -78,7 +78,7 @@ class PrefillPath:
         length = pick(self.shapes.prefill_buckets, len(ids))
         tokens = np.zeros(length, np.int32)
         tokens[: len(ids)] = ids
-        lp, ranks, top_ids, top_lps = self._program(("prompt", length))(self.params, tokens)
+        lp, ranks, top_ids, top_lps = self.programs.get(("prompt", length))(self.params, tokens)
         n = len(ids) - 1
         top = None
         if k:
@@ -143,7 +143,7 @@ class PrefillPath:
             ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=pos)
         logits, lengths, k_np, v_np = self._prefill_pass(prompts)
         greedy_only = all(sp.temperature <= 0 for sp in samplings)
-        tok, lp = self._program(("sample", count, greedy_only))(logits, ints, floats)
+        tok, lp = self.programs.get(("sample", count, greedy_only))(logits, ints, floats)
         return self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:len(prompts)], k_np,
                               v_np, out_pos)  # fmt: skip
 
@@ -156,7 +156,7 @@ class PrefillPath:
         for i, ids in enumerate(prompts):
             tokens[i, :len(ids)] = ids
             lengths[i] = len(ids)
-        logits, k, v = self._program(("prefill", count, length))(self.params, tokens, lengths)
+        logits, k, v = self.programs.get(("prefill", count, length))(self.params, tokens, lengths)
         return logits, lengths, np.asarray(k), np.asarray(v)
 
     def _prefixes(self, tok, lp, lengths, k_np, v_np, out_pos) -> list[Prefix]:
