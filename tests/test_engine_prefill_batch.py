@@ -83,8 +83,8 @@ def test_a_lone_prompt_pads_to_the_finer_lengths_with_the_same_prefix():
     coarse = build_jax_engine("random:test-tiny:5", 1, 256, decode_buckets=(256,),
                               prefill_buckets=(16, 32, 64, 128, 256))  # fmt: skip
     prompt = _prompt(7, 136)
-    assert fine._prefill_shape([np.asarray(prompt)]) == (1, 160)
-    assert coarse._prefill_shape([np.asarray(prompt)]) == (1, 256)
+    assert fine.prefill_runner.shape([np.asarray(prompt)]) == (1, 160)
+    assert coarse.prefill_runner.shape([np.asarray(prompt)]) == (1, 256)
     for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=3)):
         a, b = fine.prefill(prompt, sampling), coarse.prefill(prompt, sampling)
         assert ("prefill", 1, 160) in fine.programs.compiled

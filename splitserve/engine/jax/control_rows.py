@@ -16,6 +16,13 @@ from splitserve.engine.interface import MAX_BAD_WORDS, MAX_LOGIT_BIAS, LogitsCon
 from splitserve.engine.jax import controls as ctl
 
 
+def check_controls(controls: LogitsControls, vocab_size: int) -> None:
+    """A ValueError when the controls name a token outside the vocabulary."""
+    why = controls.outside(vocab_size)
+    if why:
+        raise ValueError(why)
+
+
 class ControlRows:
     def __init__(self, rows: int, vocab: int):
         self.vocab = vocab

@@ -69,11 +69,11 @@ from splitserve.engine.interface import (
     TopLogprobs,
 )
 from splitserve.engine.jax import programs as prog
-from splitserve.engine.jax.control_rows import ControlRows
+from splitserve.engine.jax.control_rows import ControlRows, check_controls
 from splitserve.engine.jax.controlled import ControlledSteps
 from splitserve.engine.jax.kv_cache import cache_shapes
-from splitserve.engine.jax.prefill import PrefillPath
-from splitserve.engine.jax.prefix_reuse import PrefixReuse
+from splitserve.engine.jax.prefill import PrefillRunner
+from splitserve.engine.jax.prefix_reuse import CachedPrefill
 from splitserve.engine.jax.program_specs import ProgramSpecs, attention_paths
 from splitserve.engine.jax.shapes import engine_shapes
 from splitserve.engine.jax.slot_rows import SlotRows
@@ -88,10 +88,11 @@ __all__ = ["JaxEngine", "build_jax_engine", "load_model", "load_native"]
 log = logging.getLogger(__name__)
 
 
-class JaxEngine(PrefillPath, PrefixReuse, ControlledSteps, Engine):
+class JaxEngine(ControlledSteps, Engine):
     """Llama in JAX behind the Engine interface (see the module docstring)."""
 
     supports_controls = True
+    supports_prefix_reuse = True
 
     def __init__(
         self,
@@ -165,6 +166,11 @@ class JaxEngine(PrefillPath, PrefixReuse, ControlledSteps, Engine):
         # compiled programs kept for the next start (compile/executables.py)
         store = ExecutableStore(executable_dir, self.specs.identity()) if executable_dir else None
         self.programs = ProgramTable(self.specs, store)
+        self.prefill_runner = PrefillRunner(cfg.vocab_size, self.shapes, self.programs,
+                                            self.params, self.cache_dtype)  # fmt: skip
+        self.cached_prefill = CachedPrefill(cfg, self.shapes.prefill_buckets, self.programs,
+                                            self.params, self.cache_dtype,
+                                            self.prefill_runner)  # fmt: skip
 
     def warmup(
         self, prefill: bool = True, decode: bool = True, threads: int | None = None,
@@ -180,6 +186,44 @@ class JaxEngine(PrefillPath, PrefixReuse, ControlledSteps, Engine):
 
     def close(self) -> None:
         self.programs.close()
+
+    # -- prefill -----------------------------------------------------------------------
+
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        out_pos: int = 0,
+        *,
+        controls: LogitsControls | None = None,
+        mask: np.ndarray | None = None,
+    ) -> Prefix:
+        return self.prefill_runner.prefill(tokens, sampling, out_pos, controls=controls,
+                                           mask=mask)  # fmt: skip
+
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        samplings: Sequence[SamplingParams],
+        out_pos: Sequence[int] | None = None,
+    ) -> list[Prefix]:
+        return self.prefill_runner.prefill_batch(prompts, samplings, out_pos)
+
+    def prefill_cached(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        cached_kv: list[np.ndarray],
+        out_pos: int = 0,
+        **options,
+    ) -> Prefix:
+        return self.cached_prefill.prefill_cached(tokens, sampling, cached_kv, out_pos,
+                                                  **options)  # fmt: skip
+
+    @property
+    def continuations_pending(self) -> int:
+        """Continuation programs the background thread has still to obtain."""
+        return self.programs.pending_count("prefill_cont")
 
     def _empty_cache(self, capacity: int) -> tuple[list, list]:
         k, v = cache_shapes(self.cfg, self.num_slots, capacity)
@@ -199,7 +243,7 @@ class JaxEngine(PrefillPath, PrefixReuse, ControlledSteps, Engine):
     ) -> None:
         self._check_slot(slot)
         if controls is not None:
-            self._check_controls(controls)
+            check_controls(controls, self.vocab_size)
             if controls.needs_history and prefix.context is None:
                 raise ValueError("these controls need the prompt (Prefix.context)")
         n = prefix.length
@@ -210,7 +254,7 @@ class JaxEngine(PrefillPath, PrefixReuse, ControlledSteps, Engine):
         for arr in prefix.kv:
             if tuple(arr.shape) != want:
                 raise ValueError(f"prefix kv shape {arr.shape}, expected {want}")
-        ints, floats = self._sampling_rows(sampling, out_pos=prefix.out_pos + 1)
+        ints, floats = prog.sampling_rows(sampling, out_pos=prefix.out_pos + 1)
         # Room for the prefix and the first decoded token's K/V.
         need = pick(self.shapes.decode_buckets, min(n + 1, self.max_seq_len))
         self._fit_capacity(max(self._capacity, need))
@@ -413,18 +457,6 @@ class JaxEngine(PrefillPath, PrefixReuse, ControlledSteps, Engine):
             self._cache_k = [k for k, _ in resized]
             self._cache_v = [v for _, v in resized]
             self._capacity = nxt
-
-    @staticmethod
-    def _sampling_rows(sp: SamplingParams, out_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """One slot's packed sampling inputs: ints [5, 1], floats [2, 1]."""
-        if sp.temperature < 0 or not 0.0 < sp.top_p <= 1.0 or sp.top_k < 0:
-            raise ValueError(f"invalid sampling parameters {sp}")
-        ints = np.zeros((prog.INT_ROWS, 1), np.int32)
-        ints[prog.OUT_POS] = out_pos
-        ints[prog.TOP_K] = sp.top_k
-        ints[prog.SEED] = np.uint32(sp.seed & 0xFFFFFFFF).view(np.int32)
-        floats = np.array([[sp.temperature], [sp.top_p]], np.float32)
-        return ints, floats
 
 
 def build_jax_engine(

@@ -1,9 +1,9 @@
-"""JaxEngine's prefill path, as a mixin: a prompt (or several) in, a Prefix per prompt out.
+"""The JAX engine's prefill: a prompt (or several) in, a Prefix per prompt out.
 
 1. `prefill_batch` checks each prompt and groups them in order, as many per compiled call as
    the (count, length) buckets and the token budget allow; `prefill` is a batch of one.
-2. `_prefill_pass` pads a group to its bucket and runs the "prefill" program: the last
-   position's logits and every position's K/V.
+2. `_pass` pads a group to its bucket and runs the "prefill" program: the last position's
+   logits and every position's K/V.
 3. The first output token is sampled by the "sample" program, each row by its own parameters;
    a prompt whose first token takes logits controls or a grammar mask runs the "controls"
    program on its logits instead (`_prefill_controlled`), and its prompt logprobs when asked.
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from splitserve.engine.compile.buckets import pick
+from splitserve.engine.compile.program_table import ProgramTable
 from splitserve.engine.interface import (
     LogitsControls,
     Prefix,
@@ -26,11 +27,21 @@ from splitserve.engine.interface import (
     TopLogprobs,
 )
 from splitserve.engine.jax import programs as prog
-from splitserve.engine.jax.control_rows import ControlRows
+from splitserve.engine.jax.control_rows import ControlRows, check_controls
+from splitserve.engine.jax.shapes import EngineShapes
 
 
-class PrefillPath:
-    """Mixed into JaxEngine; uses its params, buckets, _program and _sampling_rows."""
+class PrefillRunner:
+    """Prompts through the prefill side's programs: `params` is that side's pytree, K/V come
+    out in `cache_dtype`."""
+
+    def __init__(self, vocab_size: int, shapes: EngineShapes, programs: ProgramTable,
+                 params: dict, cache_dtype: np.dtype):  # fmt: skip
+        self.vocab_size = vocab_size
+        self.shapes = shapes
+        self.programs = programs
+        self.params = params
+        self.cache_dtype = np.dtype(cache_dtype)
 
     def prefill(
         self,
@@ -43,8 +54,50 @@ class PrefillPath:
     ) -> Prefix:
         if controls is None and mask is None:
             return self.prefill_batch([tokens], [sampling], [out_pos])[0]
-        return self._prefill_controlled(self._check_prompt(tokens), sampling, out_pos,
+        return self._prefill_controlled(self.check_prompt(tokens), sampling, out_pos,
                                         controls, mask)  # fmt: skip
+
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        samplings: Sequence[SamplingParams],
+        out_pos: Sequence[int] | None = None,
+    ) -> list[Prefix]:
+        """Several prompts, in as few compiled calls as the token budget allows (in order,
+        each call padded to a (count, length) bucket); the same prefixes as one at a time."""
+        if len(prompts) != len(samplings):
+            raise ValueError("one SamplingParams per prompt")
+        positions = list(out_pos) if out_pos is not None else [0] * len(prompts)
+        checked = [self.check_prompt(p) for p in prompts]
+        out: list[Prefix] = []
+        start = 0
+        while start < len(checked):
+            end = start + 1
+            while end < len(checked) and self._fits(checked[start:end + 1]):
+                end += 1
+            out += self._prefill_call(checked[start:end], samplings[start:end],
+                                      positions[start:end])  # fmt: skip
+            start = end
+        return out
+
+    def check_prompt(self, tokens: Sequence[int]) -> np.ndarray:
+        """The prompt as an array, once its length and token ids are within this engine's."""
+        n = len(tokens)
+        if not 1 <= n <= self.shapes.max_seq_len:
+            raise ValueError(
+                f"prompt of {n} tokens; this engine takes 1..{self.shapes.max_seq_len}"
+            )
+        ids = np.asarray(tokens, np.int64)
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def shape(self, prompts: Sequence[np.ndarray]) -> tuple[int, int]:
+        """(count, padded length) of the call that runs these prompts."""
+        return self.shapes.prefill_shape(len(prompts), max(len(p) for p in prompts))
+
+    def _fits(self, prompts: Sequence[np.ndarray]) -> bool:
+        return self.shapes.fits(len(prompts), max(len(p) for p in prompts))
 
     def _prefill_controlled(self, ids: np.ndarray, sampling: SamplingParams, out_pos: int,
                             controls: LogitsControls | None, mask: np.ndarray | None) -> Prefix:
@@ -52,9 +105,9 @@ class PrefillPath:
         the controls program on its logits (one row, its own ControlRows), then the prompt's
         logprobs when asked for."""
         controls = controls or LogitsControls()
-        self._check_controls(controls)
-        logits, lengths, k_np, v_np = self._prefill_pass([ids])
-        ints, floats = self._sampling_rows(sampling, out_pos=out_pos)
+        check_controls(controls, self.vocab_size)
+        logits, lengths, k_np, v_np = self._pass([ids])
+        ints, floats = prog.sampling_rows(sampling, out_pos=out_pos)
         row = ControlRows(1, self.vocab_size)
         row.set(0, controls, ids, out_pos, None)
         masks = {} if mask is None else {0: np.asarray(mask, np.int32)}
@@ -86,77 +139,35 @@ class PrefillPath:
                               np.asarray(top_lps)[:n, :k].copy())  # fmt: skip
         return PromptLogprobs(np.asarray(lp)[:n].copy(), np.asarray(ranks)[:n].copy(), top)
 
-    def _check_controls(self, controls: LogitsControls) -> None:
-        why = controls.outside(self.vocab_size)
-        if why:
-            raise ValueError(why)
-
-    def prefill_batch(
-        self,
-        prompts: Sequence[Sequence[int]],
-        samplings: Sequence[SamplingParams],
-        out_pos: Sequence[int] | None = None,
-    ) -> list[Prefix]:
-        """Several prompts, in as few compiled calls as the token budget allows (in order,
-        each call padded to a (count, length) bucket); the same prefixes as one at a time."""
-        if len(prompts) != len(samplings):
-            raise ValueError("one SamplingParams per prompt")
-        positions = list(out_pos) if out_pos is not None else [0] * len(prompts)
-        checked = [self._check_prompt(p) for p in prompts]
-        out: list[Prefix] = []
-        start = 0
-        while start < len(checked):
-            end = start + 1
-            while end < len(checked) and self._fits(checked[start:end + 1]):
-                end += 1
-            out += self._prefill_call(checked[start:end], samplings[start:end],
-                                      positions[start:end])  # fmt: skip
-            start = end
-        return out
-
-    def _check_prompt(self, tokens: Sequence[int]) -> np.ndarray:
-        n = len(tokens)
-        if not 1 <= n <= self.max_seq_len:
-            raise ValueError(f"prompt of {n} tokens; this engine takes 1..{self.max_seq_len}")
-        ids = np.asarray(tokens, np.int64)
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"token id outside the vocabulary [0, {self.vocab_size})")
-        return ids
-
-    def _prefill_shape(self, prompts: Sequence[np.ndarray]) -> tuple[int, int]:
-        return self.shapes.prefill_shape(len(prompts), max(len(p) for p in prompts))
-
-    def _fits(self, prompts: Sequence[np.ndarray]) -> bool:
-        return self.shapes.fits(len(prompts), max(len(p) for p in prompts))
-
     def _prefill_call(
         self,
         prompts: Sequence[np.ndarray],
         samplings: Sequence[SamplingParams],
         out_pos: Sequence[int],
     ) -> list[Prefix]:
-        count = self._prefill_shape(prompts)[0]
+        count = self.shape(prompts)[0]
         ints = np.zeros((prog.INT_ROWS, count), np.int32)
         floats = np.zeros((prog.FLOAT_ROWS, count), np.float32)
         floats[prog.TOP_P] = 1.0
         for i, (sp, pos) in enumerate(zip(samplings, out_pos, strict=True)):
-            ints[:, i:i + 1], floats[:, i:i + 1] = self._sampling_rows(sp, out_pos=pos)
-        logits, lengths, k_np, v_np = self._prefill_pass(prompts)
+            ints[:, i:i + 1], floats[:, i:i + 1] = prog.sampling_rows(sp, out_pos=pos)
+        logits, lengths, k_np, v_np = self._pass(prompts)
         greedy_only = all(sp.temperature <= 0 for sp in samplings)
         tok, lp = self.programs.get(("sample", count, greedy_only))(logits, ints, floats)
         return self._prefixes(np.asarray(tok), np.asarray(lp), lengths[:len(prompts)], k_np,
                               v_np, out_pos)  # fmt: skip
 
-    def _prefill_pass(self, prompts: Sequence[np.ndarray]):
+    def _pass(self, prompts: Sequence[np.ndarray]):
         """The model pass over prompts padded to their bucket: (logits [count, V] on device,
         lengths [count], k, v [count, layers, length, kv_heads, head_dim] as numpy)."""
-        count, length = self._prefill_shape(prompts)
+        count, length = self.shape(prompts)
         tokens = np.zeros((count, length), np.int32)  # padding rows: one token of id 0
         lengths = np.ones(count, np.int32)
         for i, ids in enumerate(prompts):
             tokens[i, :len(ids)] = ids
             lengths[i] = len(ids)
-        logits, k, v = self.programs.get(("prefill", count, length))(self.params, tokens, lengths)
+        program = self.programs.get(("prefill", count, length))
+        logits, k, v = program(self.params, tokens, lengths)
         return logits, lengths, np.asarray(k), np.asarray(v)
 
     def _prefixes(self, tok, lp, lengths, k_np, v_np, out_pos) -> list[Prefix]:

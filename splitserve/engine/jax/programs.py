@@ -1,15 +1,18 @@
-"""The functions JaxEngine compiles, one program per shape (see JaxEngine._compile).
+"""The functions the JAX engine compiles, one program per shape (program_specs.py lowers them).
 
-Host-side inputs of a decode step travel packed: one int32 array [6, rows] (INT_ROWS) and one
-float32 array [2, rows] (FLOAT_ROWS), one host->device copy each instead of seven.
+Host-side inputs of a step travel packed: one int32 array [6, rows] (INT_ROWS) and one float32
+array [2, rows] (FLOAT_ROWS), one host->device copy each instead of seven; `sampling_rows`
+packs one request's.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from splitserve.engine.interface import SamplingParams
 from splitserve.engine.jax import controls
 from splitserve.engine.jax import sampling as sampler
 from splitserve.engine.model import llama_model
@@ -21,6 +24,18 @@ INT_ROWS = 6
 # Rows of the packed per-step float32 input.
 TEMP, TOP_P = range(2)
 FLOAT_ROWS = 2
+
+
+def sampling_rows(sp: SamplingParams, out_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """One slot's packed sampling inputs: ints [INT_ROWS, 1], floats [FLOAT_ROWS, 1]."""
+    if sp.temperature < 0 or not 0.0 < sp.top_p <= 1.0 or sp.top_k < 0:
+        raise ValueError(f"invalid sampling parameters {sp}")
+    ints = np.zeros((INT_ROWS, 1), np.int32)
+    ints[OUT_POS] = out_pos
+    ints[TOP_K] = sp.top_k
+    ints[SEED] = np.uint32(sp.seed & 0xFFFFFFFF).view(np.int32)
+    floats = np.array([[sp.temperature], [sp.top_p]], np.float32)
+    return ints, floats
 
 
 def prefill_fn(cfg, attention, params, tokens, lengths):
