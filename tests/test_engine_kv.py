@@ -130,7 +130,7 @@ def test_full_slot_is_clamped_and_harms_no_neighbour(engine):
     engine.insert(engine.prefill(_prompt(7, MAX_SEQ - 2), GREEDY), 0, GREEDY)
     got, _ = _decode(engine, neighbour, 1, GREEDY, 12)  # slot 0 runs 10 steps past the end
     assert got == want
-    assert engine._ints[1, 0] <= MAX_SEQ  # position row; never beyond the cache
+    assert engine.decode_stepper.table.ints[1, 0] <= MAX_SEQ  # position row: within the cache
 
 
 def test_bad_requests_are_value_errors(engine):
@@ -157,7 +157,7 @@ def test_ceiling_measures_the_step_and_prefill(engine):
     # the rate is the loop's own: slots over the mean step, as a served rate counts its slow steps
     assert decode["tokens_per_s"] == pytest.approx(SLOTS / decode["step_s"]["mean"])
     assert decode["tokens_per_s_p50"] == pytest.approx(SLOTS / decode["step_s"]["p50"])
-    assert not engine._live.any()  # it leaves the engine empty
+    assert not engine.decode_stepper.table.live.any()  # it leaves the engine empty
     prefill = measure_prefill(engine, prompt_len=30, repeats=2)
     assert prefill["prefill_s"]["min"] > 0
     assert "prefill_after_idle_s" not in prefill  # only when asked: it sleeps
@@ -176,16 +176,16 @@ def test_cache_grows_at_once_and_shrinks_only_after_a_while():
     long, short = eng.prefill(_prompt(1, 20), GREEDY), eng.prefill(_prompt(2, 3), GREEDY)
     eng.insert(short, 1, GREEDY)
     eng.generate()
-    assert eng._capacity == 16
+    assert eng.decode_stepper.cache.capacity == 16
     eng.insert(long, 0, GREEDY)
-    assert eng._capacity == 64  # grown for the long prefix at once
+    assert eng.decode_stepper.cache.capacity == 64  # grown for the long prefix at once
     alone = _decode(eng, short, 1, GREEDY, 3)
     eng.free(0)
     for _ in range(4):
         eng.generate()
-        assert eng._capacity == 64  # the short sequence alone needs 16: not yet
+        assert eng.decode_stepper.cache.capacity == 64  # the short sequence alone needs 16: not yet
     eng.generate()
-    assert eng._capacity == 16
+    assert eng.decode_stepper.cache.capacity == 16
     # whatever the capacity did, the short sequence decodes as it would alone
     eng.free(1)
     again = _decode(eng, short, 1, GREEDY, 3)

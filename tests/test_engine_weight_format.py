@@ -52,11 +52,11 @@ def test_float32_decode_batches_above_the_rows_limit_take_xla_matrices():
     large = [b for b in engine.shapes.batch_buckets if b > quant.ROWS_MAX_BATCH]
     assert small and large
     for b in small:
-        assert kernel_formats(engine._decode_params_at[b]) == {"f32"}
+        assert kernel_formats(engine.side_params.decode_at[b]) == {"f32"}
     for b in large:
-        assert kernel_formats(engine._decode_params_at[b]) == set()
+        assert kernel_formats(engine.side_params.decode_at[b]) == set()
     # one set of XLA matrices, shared with the engine's own prefill
-    assert engine.params is engine._decode_params_at[large[0]]
+    assert engine.params is engine.side_params.decode_at[large[0]]
 
 
 @pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
@@ -65,5 +65,5 @@ def test_no_float32_rows_when_their_batch_limit_is_zero():
     from splitserve.engine.jax.engine import build_jax_engine
 
     engine = build_jax_engine("random:test-tiny", 2, 64, float32_rows_max_batch=0)
-    assert all(kernel_formats(p) == set() for p in engine._decode_params_at.values())
+    assert all(kernel_formats(p) == set() for p in engine.side_params.decode_at.values())
     assert engine.params is engine.decode_params  # one set of arrays for both sides
