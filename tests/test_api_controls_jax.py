@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from splitserve.engine.interface import LogitsControls, SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.tokenizers import load_tokenizer
 from tests.http_stack import http_stack
 

@@ -17,7 +17,7 @@ import pytest
 from splitserve.config import config_from_dict
 from splitserve.core_share import FILE, MARKS, PrefillMarks, open_marks, threads_while_marked
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.kernels import qkernel
 from splitserve.launch.supervise import RestartWithBackoff, supervise
 from tests.http_stack import http_stack, wait_until

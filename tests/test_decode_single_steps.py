@@ -11,7 +11,7 @@ import numpy as np
 from decode_worker.constrained import ConstrainedSlots
 from decode_worker.slots import Slot
 from splitserve.engine.interface import LogitsControls, SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.protocol import PrefixHeader, StopCriteria
 
 

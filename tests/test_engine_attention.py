@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.kernels import qkernel
 from splitserve.engine.model import llama_model
 

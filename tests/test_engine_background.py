@@ -15,7 +15,7 @@ import pytest
 
 from splitserve.engine.compile import background
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -65,7 +65,7 @@ def test_a_process_exiting_inside_a_background_compile_exits_cleanly():
     # XLA's compiler (seconds of C++ on that thread), and the main thread exits then
     script = textwrap.dedent(f"""
         import sys, threading
-        from splitserve.engine.jax.engine import build_jax_engine
+        from splitserve.engine.jax.build import build_jax_engine
         eng = build_jax_engine(*{ARGS!r}, **{OPTIONS!r})
         eng.warmup(background=False)
         compiling = threading.Event()
@@ -103,7 +103,7 @@ def test_a_process_exiting_while_a_background_program_traces_stops_it_first():
             plain_exit(cls)
 
         weakref.finalize._exitfunc = classmethod(exitfunc)  # before anything registers it
-        from splitserve.engine.jax.engine import build_jax_engine
+        from splitserve.engine.jax.build import build_jax_engine
         eng = build_jax_engine(*{ARGS!r}, **{OPTIONS!r})
         eng.warmup(background=False)
         real, in_hand = eng.programs.obtain, threading.Event()

@@ -17,7 +17,7 @@ from splitserve.engine.compile.buckets import (
     prompt_lengths,
 )
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.jax.slot_rows import SlotRows
 from splitserve.engine.kernels import qkernel
 

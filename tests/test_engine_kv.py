@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from splitserve.engine.interface import Prefix, SamplingParams
-from splitserve.engine.jax.engine import JaxEngine, build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
+from splitserve.engine.jax.engine import JaxEngine
 from splitserve.engine.model import llama_model
 
 SLOTS = 4

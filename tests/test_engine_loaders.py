@@ -17,8 +17,9 @@ from safetensors.numpy import save_file
 
 from lab.versus.hf_copy import export, write_tokenizer
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine, load_model
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.model import llama_model
+from splitserve.engine.model.model_files import load_model
 from splitserve.engine.model.params import prepare_params
 from tests.engine_reference import random_hf_weights, reference_logits
 
@@ -333,7 +334,8 @@ def test_an_engine_of_one_side_prepares_only_its_weights(tmp_path):
     as the file has it; a prefill worker's reads no native blocks; each computes what an engine
     of both sides does on its side."""
     from splitserve.engine.interface import SamplingParams
-    from splitserve.engine.jax.engine import JaxEngine, load_native
+    from splitserve.engine.jax.engine import JaxEngine
+    from splitserve.engine.model.model_files import load_native
 
     path = str(tmp_path / "m.gguf")
     write_gguf(path, _weights(5, tied=False))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.kernels.cpu_features import cpu_flags, has_bf16_matrix_units
 from splitserve.engine.kernels.quant import BF16_XLA, Bf16Products
 

@@ -10,7 +10,7 @@ import pytest
 
 from splitserve.engine.fake.engine import FakeEngine
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.model.prefill_continue import continue_shapes
 
 MAX_SEQ = 128

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.kernels import qkernel, quant
 from tests.engine_reference import random_hf_weights
 from tests.test_engine_loaders import EPS, HF_NAMES, SHAPE, THETA, llama_cpp_permute

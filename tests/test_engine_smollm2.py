@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.model.default_model import default_model_path
 from splitserve.tokenizers import load_tokenizer
 

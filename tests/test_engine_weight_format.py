@@ -62,7 +62,7 @@ def test_float32_decode_batches_above_the_rows_limit_take_xla_matrices():
 @pytest.mark.skipif(not qkernel.available(), reason="native kernel not built")
 def test_no_float32_rows_when_their_batch_limit_is_zero():
     """float32_rows_max_batch = 0: XLA's matrices at every batch (what the benchmarks compare)."""
-    from splitserve.engine.jax.engine import build_jax_engine
+    from splitserve.engine.jax.build import build_jax_engine
 
     engine = build_jax_engine("random:test-tiny", 2, 64, float32_rows_max_batch=0)
     assert all(kernel_formats(p) == set() for p in engine.side_params.decode_at.values())

@@ -11,7 +11,7 @@ import pytest
 from jaxlib import version
 
 from splitserve.engine.compile import program_table, xla_options
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 
 YNN = "xla_cpu_experimental_ynn_fusion_type"
 measured = pytest.mark.skipif(

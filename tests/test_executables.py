@@ -19,7 +19,7 @@ import pytest
 
 from splitserve.engine.compile import executables
 from splitserve.engine.interface import LogitsControls, SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from tests.http_stack import wait_until
 
 MODEL = "random:test-tiny:3"

@@ -7,7 +7,7 @@ import pytest
 
 from router.requests import RequestParams
 from splitserve.engine.interface import SamplingParams
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.tokenizers import load_tokenizer
 from tests.pipeline_util import make_config, pipeline, run
 

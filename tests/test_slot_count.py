@@ -13,7 +13,7 @@ from router.requests import RequestParams
 from splitserve.cli import add_serve_args, config_from_args
 from splitserve.config import config_from_dict
 from splitserve.engine import build_engine
-from splitserve.engine.jax.engine import build_jax_engine
+from splitserve.engine.jax.build import build_jax_engine
 from splitserve.engine.model.llama_config import preset
 from splitserve.engine.slot_count import FAKE_ENGINE_SLOTS, auto_slots
 from tests.default_shape import default_model_shape

@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from splitserve.engine import resolve_model_path
     from splitserve.engine.interface import SamplingParams
-    from splitserve.engine.jax.engine import JaxEngine, load_model, load_native
+    from splitserve.engine.jax.engine import JaxEngine
     from splitserve.engine.kernels import quant
+    from splitserve.engine.model.model_files import load_model, load_native
 
     path = resolve_model_path(args.model)
     cfg, weights = load_model(path)

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
 
     from splitserve.engine import resolve_model_path
-    from splitserve.engine.jax.engine import load_model
     from splitserve.engine.kernels import huge_pages, qkernel
+    from splitserve.engine.model.model_files import load_model
 
     if not qkernel.available():
         sys.exit(f"no native kernel: {qkernel.unavailable_reason()}")

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from splitserve.engine import resolve_model_path
     from splitserve.engine.compile.buckets import length_buckets
     from splitserve.engine.interface import SamplingParams
-    from splitserve.engine.jax.engine import build_jax_engine
+    from splitserve.engine.jax.build import build_jax_engine
     from splitserve.tokenizers import load_tokenizer
 
     path = resolve_model_path(args.model)

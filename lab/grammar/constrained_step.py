@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from splitserve.engine import resolve_model_path
     from splitserve.engine.interface import LogitsControls, SamplingParams
-    from splitserve.engine.jax.engine import build_jax_engine
+    from splitserve.engine.jax.build import build_jax_engine
     from splitserve.grammar import specs
     from splitserve.grammar.masks import SlotGrammars
     from splitserve.grammar.matcher import GrammarState

@@ -35,7 +35,7 @@ def build_engine(
             prefill_s=model.fake_prefill_s,
         )
     from splitserve.engine.compile.jax_setup import backend_started, configure_jax_runtime
-    from splitserve.engine.jax.engine import build_jax_engine
+    from splitserve.engine.jax.build import build_jax_engine
 
     if not backend_started():  # in threads mode the second engine finds JAX set up already
         threads = model.cpu_threads if role != "prefill" else prefill_threads(model)
