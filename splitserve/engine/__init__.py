@@ -68,10 +68,11 @@ def prefill_threads(model: ModelConfig, cpus: int | None = None) -> int:
 
 def prefill_weight_format(model: ModelConfig, flags: frozenset[str] | None = None) -> str:
     """The prefill side's matrices ([model] prefill_weight_format): "auto" is the kernel's packed
-    bfloat16 products (bfloat16-native) where the CPU has AMX tiles (a burst of prompts 3x as
-    fast as float32: docs/benchmarks.md, "Prefill in bfloat16" and "Prefill on the tiles") or
-    AVX512-BF16's dot products (1.7x: "Prefill in bfloat16 without tiles"), float32 elsewhere
-    (exact). Some answers differ between the two. `flags`: the CPU's (default: this one's)."""
+    bfloat16 products (bfloat16-native) where the CPU has AMX tiles or AVX512-BF16's dot
+    products, which run a burst of prompts several times as fast as float32 (lab/benchmarks.md,
+    "Prefill in bfloat16", "Prefill on the tiles", "Prefill in bfloat16 without tiles"),
+    float32 elsewhere (exact). Some answers differ between the two. `flags`: the CPU's
+    (default: this one's)."""
     if model.prefill_weight_format != "auto":
         return model.prefill_weight_format
     from splitserve.engine.kernels.cpu_features import (

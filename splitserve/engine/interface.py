@@ -4,9 +4,9 @@ An engine knows nothing of sockets or processes; a worker knows nothing of model
 The arrays of a Prefix are exactly what travels from the prefill worker to the decode worker,
 so they are kept compact: the prompt's true length only, in the cache's own dtype.
 
-Per-request logits processing (DESIGN.md section 11) is part of the contract. A request may carry
-LogitsControls (penalties, logit bias, min-p, bad words, top logprobs, prompt logprobs) and, per
-step, a grammar mask (StepMasks). An engine applies them to each slot's logits inside its
+Per-request logits processing is part of the contract. A request may carry LogitsControls
+(penalties, logit bias, min-p, bad words, top logprobs, prompt logprobs) and, per step, a
+grammar mask (StepMasks). An engine applies them to each slot's logits inside its
 compiled step, in one fixed order (the order of vLLM v1's sampler):
 
   1. grammar mask: tokens outside the slot's allowed set get -inf

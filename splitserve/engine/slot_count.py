@@ -6,10 +6,9 @@ is rounded down to a power of two (the decode batch buckets are powers of two: a
 above one would add a program for a few rows) and held to `most`, the requests the router
 runs at once (slots beyond it would never fill).
 
-Measured (docs/benchmarks.md, "Decode slots sized from the KV budget"): the default model's
-float32 cache takes 90 MiB a slot at 2,048 positions, so the default 2 GiB gives it 16 slots;
-the 7M checkpoint's takes 8 MiB, so it gets 64, which served 64 streams 1.4x as fast as 16
-slots did (and 1.34x vLLM's figure).
+For example the default model's float32 cache takes 90 MiB a slot at 2,048 positions, so the
+default 2 GiB gives it 16 slots; the 7M checkpoint's takes 8 MiB, so it gets 64 (measured in
+lab/benchmarks.md, "Decode slots sized from the KV budget").
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ def prompt_lengths(smallest: int, largest: int) -> tuple[int, ...]:
     then `largest`.
 
     Prefill costs what it pads to, about linearly. Powers of two pad a prompt just over one
-    (the default model, 136 tokens) to twice its length; these steps pad at most a quarter over
-    (136 to 160: 0.60x the pass at 256), and add about three programs an octave.
+    (136 tokens, say) to twice its length; these steps pad at most a quarter over (136 to 160),
+    and add about three programs an octave.
     """
     out = list(range(smallest, min(8 * smallest, largest), smallest))
     n = 8 * smallest

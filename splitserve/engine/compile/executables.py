@@ -2,16 +2,16 @@
 one in a fraction of a second instead of tracing and lowering it again.
 
 JAX's persistent compilation cache is keyed by the lowered program, so even a hit first traces
-and lowers the function: about 0.7 s per decode step of the 30-layer default model on the
-2-core benchmark machine (6 s under load), for each of a decode worker's 167 programs. This
-store is keyed instead by what determines a program: its shape key, the engine's configuration
-(the `engine` part of the key) and the build (`build_identity`: the JAX and jaxlib versions,
-the CPU, XLA's flags, the engine's own source files and the native kernel). A change to any of
-them is a different key, so a stale executable is never loaded.
+and lowers the function, for each of a decode worker's programs (a deep model's decode step
+takes long to trace, more so under load). This store is keyed instead by what determines a
+program: its shape key, the engine's configuration (the `engine` part of the key) and the
+build (`build_identity`: the JAX and jaxlib versions, the CPU, XLA's flags, the engine's own
+source files and the native kernel). A change to any of them is a different key, so a stale
+executable is never loaded.
 
 An executable that JAX itself loaded from its persistent cache serializes without its machine
 code (its first call then fails: "Function ... not found"), so an engine that keeps its programs
-here compiles them with JAX's cache off (splitserve.engine.__init__ turns on one or the other).
+here compiles them with JAX's cache off (splitserve.engine.build_engine uses one or the other).
 
 Entries are written whole (a temporary name, then a rename), so concurrent workers and a crash
 mid-write leave no torn file; they are read only when this user owns them and nobody else may
@@ -106,8 +106,8 @@ def _cpu_flags() -> str:
 class ExecutableStore:
     """load(key) and save(key, compiled) under directory, for one engine configuration.
 
-    `engine` names that configuration (JaxEngine.program_identity); it and build_identity()
-    go into every entry's file name."""
+    `engine` names that configuration (jax/program_specs.py: ProgramSpecs.identity); it and
+    build_identity() go into every entry's file name."""
 
     def __init__(self, directory: str, engine: str, build: str | None = None):
         if jax.config.jax_compilation_cache_dir:

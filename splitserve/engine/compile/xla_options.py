@@ -1,11 +1,11 @@
-"""XLA:CPU compile options per kind of program, measured on this project's 2-core machines.
+"""XLA:CPU compile options per kind of program, chosen by measurement (lab/benchmarks.md,
+"Prefill's products in YNNPACK").
 
 jaxlib 0.10's default hands dots, reductions and element-wise fusions to YNNPACK. A prefill
-program's products are [tokens, hidden] x [hidden, N] matrices, which YNNPACK runs about 1.4x
-as fast as Eigen on one thread (a 136-token prompt of the default model in 0.55 s against
-0.79 s, alternating runs on a Zen 2 host); the decode side's programs keep YNNPACK for
-reductions only: a step's [slots, hidden] products in XLA (a weight format the native
-kernel does not take) ran at half Eigen's speed there. Options are given per compile
+program's products are [tokens, hidden] x [hidden, N] matrices, which YNNPACK runs faster than
+Eigen; the decode side's programs keep YNNPACK for reductions only: a step's [slots, hidden]
+products in XLA (a weight format the native kernel does not take) ran slower in YNNPACK than
+in Eigen. Options are given per compile
 rather than in XLA_FLAGS, so that one process holding both sides (threads mode) compiles each
 program with its own. An option the operator sets in XLA_FLAGS is left to XLA_FLAGS.
 Experimental options change between jaxlib releases and an unknown one fails the compile, so

@@ -1,8 +1,9 @@
-"""Per-request logits processing inside jit (DESIGN.md section 11), the interface's order:
+"""Per-request logits processing inside jit, in the order the engine contract gives
+(engine/interface.py):
 grammar mask, bad words, logit bias, penalties, temperature, min-p / top-k / top-p, the token.
 
 One program over the controlled rows of a decode step (gathered from the batch's logits on the
-device, padded to a count bucket: JaxEngine._controlled) or one prompt (prefill), only when some
+device, padded to a count bucket: controlled.py) or one prompt (prefill), only when some
 live row has controls or a mask: a batch without any runs the plain programs, untouched, and
 the plain rows of a batch with some keep the plain programs' results. Every input is an array
 indexed by row:

@@ -19,15 +19,15 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
 
 def has_bf16_matrix_units(flags: frozenset[str]) -> bool:
     """Intel AMX's bfloat16 tiles: XLA's bfloat16 products run on them (jaxlib 0.10's YNNPACK),
-    4.5x float32's speed on a prompt's [tokens, hidden] products (docs/benchmarks.md). Without
-    them, AVX512-BF16's dot products (has_bf16_dot_products) still run bfloat16 products at
-    twice float32's arithmetic; without either, XLA widens or emulates them."""
+    several times float32's speed on a prompt's [tokens, hidden] products (lab/benchmarks.md,
+    "Prefill in bfloat16"). Without them, AVX512-BF16's dot products (has_bf16_dot_products)
+    still run bfloat16 products at twice float32's arithmetic; without either, XLA widens or
+    emulates them."""
     return "amx_bf16" in flags and "amx_tile" in flags
 
 
 def has_bf16_dot_products(flags: frozenset[str]) -> bool:
     """AVX512-BF16's dot products (AMD Zen 4, Intel Cooper Lake and later): twice float32's
     multiply-adds per instruction, which the kernel's packed bfloat16 products use where there
-    are no tiles: a burst of prompts in 0.58x float32's time on a 2-core Zen 4 host
-    (docs/benchmarks.md, "Prefill in bfloat16 without tiles")."""
+    are no tiles (lab/benchmarks.md, "Prefill in bfloat16 without tiles")."""
     return "avx512_bf16" in flags

@@ -4,16 +4,14 @@ A decode step reads every weight once (the float32 default model: 538 MB a step)
 pages that stream walks through some 130,000 page translations a step, on 2 MiB pages through
 about 270. Linux (6.1 and later) moves a range that is already in memory onto huge pages on
 request (madvise MADV_COLLAPSE; madvise(2): independent of the system's transparent-huge-page
-settings), so the engine asks for it once its weights are placed. Measured on the KVM host of
-docs/benchmarks.md ("The one-stream decode step"), engine alone, one process: the step at one
-live row 2% shorter in float32, 5% in the GGUF's blocks, 5% at four live rows in float32;
-served, float32 at one stream, 22.9-23.1 ms a token against 24.0. The move itself costs start-up
-0.3 to 8 s for the default model's 600 MB (four starts: the kernel must find free 2 MiB runs
-of memory, and compacts it when it has none).
+settings), so the engine asks for it once its weights are placed: the decode step is a few
+percent shorter (lab/benchmarks.md, "The one-stream decode step"). The move itself costs
+start-up time (the kernel must find free 2 MiB runs of memory, and compacts it when it has
+none).
 
 The matrices are a few MB each, most smaller than two huge pages, and the allocator puts them
 next to each other: the ranges are joined first, and the whole huge pages inside each run are
-moved (without joining, 40% of the layers' bytes were left out). Where the kernel or the
+moved (without joining, much of the layers' bytes were left out). Where the kernel or the
 platform cannot (older kernels, no THP, not Linux), madvise fails and the weights stay where
 they are: the engine works the same, only without the gain.
 """

@@ -253,8 +253,8 @@ def attention(q, cache_k, cache_v, lengths):
 
 def prompt_attention_fast(head_dim: int, group: int) -> bool:
     """Whether prompt_attention runs its blocked path for these heads (AVX-512, head_dim 64, at
-    most 4 query heads per KV head): 3x XLA's batched products there; elsewhere it goes position
-    by position, which is slower than XLA's."""
+    most 4 query heads per KV head), faster than XLA's batched products there; elsewhere it
+    goes position by position, which is slower than XLA's."""
     lib = _load()
     return lib is not None and bool(lib.splitserve_prompt_attention_fast(head_dim, group))
 

@@ -196,12 +196,12 @@ class QMatrix:
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "gguf")
 # The prefill side may also take "bfloat16-xla": the weights rounded to bfloat16 and multiplied
 # by XLA with the activations rounded too, sums in float32. On a CPU with bfloat16 matrix units
-# (AMX) that runs a prompt's products 4.5x as fast as float32 (docs/benchmarks.md, "Prefill in
-# bfloat16"); the decode side's few rows a step gain nothing from it.
+# (AMX) that runs a prompt's products several times as fast as float32 (lab/benchmarks.md,
+# "Prefill in bfloat16"); the decode side's few rows a step gain nothing from it.
 BF16_XLA = "bfloat16-xla"
 # "bfloat16-native": the same numbers (weights and activations rounded to bfloat16, float32
 # sums) from the native kernel, with the weights packed once, where XLA packs them on every call:
-# on the AMX tiles (docs/benchmarks.md, "Prefill on the tiles") or, on CPUs without tiles, with
+# on the AMX tiles (lab/benchmarks.md, "Prefill on the tiles") or, on CPUs without tiles, with
 # AVX512-BF16's dot products ("Prefill in bfloat16 without tiles"). Where the kernel has neither
 # (qkernel.bf16_packed_ready), XLA's products.
 BF16_NATIVE = "bfloat16-native"
@@ -223,9 +223,9 @@ def side_form(weights: str, decode: bool, dtype=np.float32, batch: int = 1,
               rows_max_batch: int = ROWS_MAX_BATCH) -> str:  # fmt: skip
     """The form a side's matrices take for weight format `weights` (at a decode batch size).
     Decode steps of up to rows_max_batch rows are where the kernel streams float32 rows faster
-    than XLA's matmul (default model, a whole step: 0.70x the time at 1 live row, 0.66x at 4,
-    0.91x at 16; the 7M checkpoint 0.84x at 16 but 1.16x at 64); prefill multiplies many rows,
-    where XLA's matmul is faster. Weights of another dtype stay XLA's."""
+    than XLA's matmul (lab/benchmarks.md, "Weight formats"; at larger batches XLA's was
+    faster); prefill multiplies many rows, where XLA's matmul is faster. Weights of another
+    dtype stay XLA's."""
     allowed = WEIGHT_FORMATS if decode else PREFILL_FORMATS
     if weights not in allowed:
         raise ValueError(f"weights {weights!r}: one of {allowed}")

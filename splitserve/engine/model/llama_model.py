@@ -92,9 +92,8 @@ def _scores(qg, ck):
 
     Written as D multiply-adds of [S, KV, G, C] planes, which XLA fuses into one loop over the
     output that reads each key row along C. The same sum as a reduction over D (or as a batched
-    matmul of this skinny shape) compiles to a loop that walks down D, 1.4-1.7x slower on CPU:
-    at 128 slots and 768 positions the decode step was 10-36% faster this way (5 alternating
-    pairs of ceiling runs).
+    matmul of this skinny shape) compiles to a loop that walks down D, slower on CPU, and the
+    decode step of many slots over long caches was faster this way.
     """
     scores = qg[:, :, :, 0, None] * ck[:, :, None, 0, :].astype(jnp.float32)
     for d in range(1, qg.shape[3]):
@@ -109,7 +108,7 @@ def _attend(qg, ck, cv, visible):
     scores = jnp.where(visible, scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1)
     # p.V as multiply-and-reduce over C, one pass over the cache (a batched matmul of this shape
-    # is up to 30% slower on CPU). The barrier keeps XLA from fusing it into the wo matmul, which
+    # is slower on CPU). The barrier keeps XLA from fusing it into the wo matmul, which
     # turns both into one reduction far slower than the matmul.
     probs = jax.lax.optimization_barrier(probs)
     return jnp.sum(probs[..., None] * cv[:, :, None].astype(jnp.float32), axis=3)
@@ -140,7 +139,7 @@ def prefill_hidden(cfg: LlamaConfig, params: dict, tokens, attention: str = "xla
     x = params["embed"][tokens].astype(jnp.float32)  # [N, T, hidden]
     # [T, D/2], computed while tracing and held as constants: left to XLA, the cosines and
     # sines were fused into each layer's rotation and computed again there, for every head
-    # (10 of a 160-token prompt's 100 ms in bfloat16, one thread)
+    # (lab/benchmarks.md, "Prefill on the tiles")
     with jax.ensure_compile_time_eval():
         cos, sin = rope_angles(cfg, jnp.arange(t))
     scale = 1.0 / np.sqrt(d)
@@ -166,8 +165,8 @@ def prefill_hidden(cfg: LlamaConfig, params: dict, tokens, attention: str = "xla
 
 def _prompt_attention_xla(q, k, v, scale):
     """q [N, T, H, D], k, v [N, T, KV, D] -> [N, T, KV, G, D], causal. Heads first, so that both
-    products are plain batched matmuls over the KV heads: the prefill is 7% faster on CPU at 64
-    and 128 tokens, 15% at 256, than with einsums over [T, KV, G, D]."""
+    products are plain batched matmuls over the KV heads: the prefill is faster on CPU than
+    with einsums over [T, KV, G, D], the more so the longer the prompt."""
     n, t, kv, d = k.shape
     g = q.shape[2] // kv
     # [G * T(query), T(key)]: the rows of a KV head's group of query heads, one after another
@@ -199,9 +198,9 @@ def _write_rows(cache, new, positions, axis: int):
     positions run). A scatter, never a dynamic-update-slice: XLA turns a one-row scatter into
     one and fuses it into the loop that then reads the live rows, which recomputes the write
     from the old buffer; that buffer must then outlive the in-place write, so XLA copied the
-    whole cache twice per layer and step (a 16-row cache cost 2.5x a 1-row one with one row
-    live). One row is therefore written twice (the same value: the result is the same), which
-    keeps it a scatter."""
+    whole cache twice per layer and step (a 16-row cache cost far more than a 1-row one with
+    one row live). One row is therefore written twice (the same value: the result is the
+    same), which keeps it a scatter."""
     n = new.shape[0]
     rows = jnp.arange(n)
     if n == 1:
@@ -270,16 +269,14 @@ def decode(
     return _logits(cfg, params, x, live), new_k, new_v
 
 
-# The largest decode batch whose layer tail runs as one call: the default model's one-row
-# float32 step took 25.5 against 26.6 ms that way (medians of five alternating pairs); at 16
-# rows of its GGUF blocks the one call was 3% slower, at 4 the same.
+# The largest decode batch whose layer tail runs as one call: on the default model the one
+# call made a one-row float32 step shorter, was even at 4 rows and slower at 16.
 FUSED_TAIL_MAX_BATCH = 4
 
-# The largest decode batch whose whole layers run as one call each (native/decode_layer.c),
-# measured on the default model against the tail alone in one call (docs/benchmarks.md, "A
-# whole layer in one call"): float32 at 1 row 0.94x the step, at 4 rows 0.91x; its GGUF blocks
-# at 1 row 0.86x, at 8 rows 0.91x, at 16 rows 0.94x, float32 at 16 rows 0.89x (three
-# alternating pairs each). Larger batches were not measured.
+# The largest decode batch whose whole layers run as one call each (native/decode_layer.c):
+# against the tail alone in one call it shortened the default model's step at every batch
+# measured, up to 16 rows, in float32 and in its GGUF blocks (lab/benchmarks.md, "A whole
+# layer in one call"); larger batches were not measured.
 FUSED_LAYER_MAX_BATCH = 16
 
 # A layer's matrices, in the order native/decode_layer.c takes them.

@@ -82,8 +82,7 @@ def prepare_params(
     head_native = native.get("head")
     # The head of a bfloat16 prompt pass (either form) stays float32: it multiplies one row
     # per prompt, which XLA does not hand to the bfloat16 units but widens the whole bfloat16
-    # matrix for, every call (43 ms of a 16-token prompt's 92 on the Sapphire Rapids host,
-    # against 8 ms for the float32 blocks below).
+    # matrix for, every call, which cost more than the float32 blocks below.
     head_form = "float32" if weights in quant.BF16_FORMS else weights
     head_q = quant.device_matrix(head_form, lambda: [head_of()], head_native and [head_native],
                                  dtype)  # fmt: skip
@@ -92,7 +91,7 @@ def prepare_params(
     else:
         head = head_of()
         # A large vocabulary is split into column blocks: XLA's CPU matmul slows down several
-        # times over a very wide right-hand side (49152 columns: 33 ms vs 9 ms in blocks).
+        # times over a very wide right-hand side (such as the default model's 49,152 columns).
         step = HEAD_BLOCK if cfg.vocab_size > 2 * HEAD_BLOCK else cfg.vocab_size
         head_blocks = [jnp.asarray(np.ascontiguousarray(head[:, i:i + step]), dtype)
                        for i in range(0, cfg.vocab_size, step)]

@@ -73,7 +73,7 @@ def config_from_gguf(meta: dict, names: set[str], vocab_rows: int) -> LlamaConfi
 class LazyWeights(Mapping):
     """Canonical weights made on first use, then kept: an engine that computes with a GGUF
     file's own blocks (the decode side) never needs the float32 copies of those matrices, which
-    for the default model take 2 s to make and 0.5 GB to hold. `shape_of` answers without
+    take seconds to make and several times the blocks' memory to hold. `shape_of` answers without
     making the array (params.check_weights)."""
 
     def __init__(self, makers: dict[str, Callable[[], np.ndarray]], shapes: dict[str, tuple]):
