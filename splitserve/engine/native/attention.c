@@ -18,12 +18,11 @@
    sums). Softmax in float32 with the row maximum subtracted, as XLA's; exp is a polynomial
    (Cephes' expf, within 2 ulp). Each row's result depends only on that row: the same whatever
    else is in the batch or how the work is split. AVX-512 when the CPU has it and D is a
-   multiple of 16, AVX2 when it has that and D is a multiple of 8, else portable C. Measured on
-   the default model (decode step, one thread, alternating with XLA's attention in one process,
-   AVX-512 host): 16% faster at 1 live row, 25% at 4, 22% at 16; a decode program compiles 3x
-   faster (3.3 vs 9.7 s, one thread). On an AVX2-only host (Zen 2), at one live row and 181
-   positions (GGUF weights, a 16 ms step): the portable path ~105 us a layer, a first AVX2
-   draft that kept its accumulators in memory 82, the AVX2 path below 36-55 (1.3 ms a step). */
+   multiple of 16, AVX2 when it has that and D is a multiple of 8, else portable C. Against
+   XLA's attention the decode step is faster at every batch measured and a decode program
+   compiles faster; on an AVX2-only host the AVX2 path keeps its accumulators in registers,
+   where a first draft that kept them in memory was barely faster than portable C (measured in
+   lab/benchmarks.md). */
 
 #include <math.h>
 #include <stdlib.h>
@@ -105,11 +104,11 @@ TARGET_AVX512 static inline float softmax_avx512(float* sg, int64_t L) {
 /* item_avx512's register blocks, each of compile-time size (GN query heads, DN 16-lane pieces
    of a head: each `const int` is a constant where the function is inlined), so that the
    accumulators stay in registers. With the sizes taken from the data the compiler kept them
-   in memory and copied them with memmove: at 16 live rows of the default model (3 query heads
-   a KV head, D = 64, ~120 positions) attention took 15% of a one-thread decode step, now 9%
-   (perf samples of bench/engine_steps.py gguf:16). The operations and their order are the
-   same either way, so are the bits. Four pieces of positions a pass (each broadcast query
-   value feeding four multiply-adds) measured no better: the caches' reads set the pace. */
+   in memory and copied them with memmove, and attention took a much larger share of a
+   many-row decode step (perf samples of lab/engine/engine_steps.py). The operations and their
+   order are the same either way, so are the bits. Four pieces of positions a pass (each
+   broadcast query value feeding four multiply-adds) measured no better: the caches' reads set
+   the pace. */
 
 /* s[g * C + c0 ..] for GN (<= 4) query heads at the 16 positions from c0 (lanes of mask m). */
 TARGET_AVX512 INLINE void scores_avx512(const float* q, const float* kt, int64_t D, int64_t C,
@@ -229,9 +228,8 @@ TARGET_AVX2 static inline __m256i lanes_avx2(int64_t left) {
 
 /* The AVX2 passes work on register blocks of compile-time size (each `const int` below is a
    constant where the function is inlined), so the accumulators stay in registers: with the
-   sizes taken from the data (as item_avx512 once had them) the compiler kept them in memory:
-   37.7 against 12.5 us for a layer's three KV heads at 181 positions from cache (default model,
-   one row). */
+   sizes taken from the data (as item_avx512 once had them) the compiler kept them in memory,
+   and a layer's attention took about three times as long. */
 
 /* Scores of GN (<= 3) query heads at positions [c0, c0 + 24): s[g * S + c] = q[g] . K[:, c].
    Nine independent chains of D multiply-adds; lanes at or past L are neither read nor used
@@ -245,8 +243,7 @@ TARGET_AVX2 INLINE void scores_avx2(const float* q, const float* kt, int64_t D, 
   for (int64_t d = 0; d < D; ++d) {
     const float* k = kt + d * C + c0;
     /* the keys two blocks ahead: D rows C floats apart are more streams than the hardware
-       prefetcher follows (no clear gain measured on a noisy host: 0.73-0.80x the step
-       attention's time from memory with it, 0.80 without) */
+       prefetcher follows (no clear gain measured on a noisy host, no loss either) */
     _mm_prefetch((const char*)(k + 48), _MM_HINT_T0);
     _mm_prefetch((const char*)(k + 64), _MM_HINT_T0);
     const __m256 k0 = FULL ? _mm256_loadu_ps(k) : _mm256_maskload_ps(k, m0);
@@ -498,11 +495,11 @@ EXPORT XLA_FFI_Error* splitserve_attention(XLA_FFI_CallFrame* cf) {
       return ffi_error(api, "attention: lengths must be in 1..C");
   /* Shared out however little work it is, unlike the products (qmatmul.c).
      A step's attention sits between its QKV and output products; at one live row it is too
-     short to share for its own sake (about 40 us) but long enough for the pool's other
-     threads to fall asleep, and the output product then ran on the calling thread alone while
-     they woke: 108 against 51 us a layer (float32 default model, engine alone, 2 threads,
-     KVM host). Handed out, the heads wake them while the caller works: the whole step at one
-     live row 3% shorter in float32, 7-11% in the GGUF's blocks (docs/benchmarks.md). */
+     short to share for its own sake but long enough for the pool's other threads to fall
+     asleep, and the output product then ran on the calling thread alone while they woke, about
+     twice as long a layer. Handed out, the heads wake them while the caller works: the whole
+     step at one live row is shorter, in float32 and more so in the GGUF's blocks
+     (lab/benchmarks.md). */
   parallel_for(api, cf->ctx, j.n * j.KV, SHARE_ALWAYS, items, &j, sizeof j);
   return NULL;
 }
@@ -539,8 +536,8 @@ EXPORT int splitserve_prompt_attention_fast(int64_t D, int64_t G) {
    Each position is a decode item (above) whose cache is its sequence's keys and whose length is
    t + 1, so q and out keep the layout the QKV product gives and the output product takes: XLA
    transposed the query heads to the front and back around two batched products, and that,
-   with the masked softmax between them, took about a third of a 160-token bfloat16 prompt's
-   call (docs/benchmarks.md, "Prefill on the tiles"). */
+   with the masked softmax between them, took a large share of a bfloat16 prompt's call
+   (lab/benchmarks.md, "Prefill on the tiles"). */
 EXPORT XLA_FFI_Error* splitserve_prompt_attention(XLA_FFI_CallFrame* cf) {
   XLA_FFI_Error* early;
   if (ffi_preamble(cf, &early)) return early;

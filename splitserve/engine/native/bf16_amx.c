@@ -2,9 +2,8 @@
 
    Why a kernel of our own: XLA hands bfloat16 products to YNNPACK, which runs them on the tiles
    but packs the right-hand matrix on every call, since to XLA the weights are arguments, not
-   constants. Here the packing is done once, and a call only streams the packed tiles: a lone
-   140-token prompt of the default model spent 67 ms in YNNPACK's products and spends 47 ms
-   here (one thread; docs/benchmarks.md, "Prefill on the tiles").
+   constants. Here the packing is done once, and a call only streams the packed tiles, which
+   shortens a lone prompt's products (lab/benchmarks.md, "Prefill on the tiles").
 
    One 1 KiB block of the packed weights is one tile. Sums: float32, in pairs of inputs, in the
    tile unit's order. AMX flushes denormals.

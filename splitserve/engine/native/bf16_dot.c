@@ -1,10 +1,9 @@
 /* The packed bfloat16 products (bf16_matmul.h) on AVX512-BF16's dot products, for CPUs without
    AMX tiles (AMD Zen 4, Intel Cooper Lake). VDPBF16PS adds two products of bfloat16 pairs into
-   each of 16 float32 lanes: one instruction does twice the multiply-adds of a float32 FMA. On a
-   2-core Zen 4 host a burst of 16 prompts took 0.58x float32's time (as XLA's bfloat16 products
-   do: within noise of them), and a lone prompt, where XLA packs the weights on every call, took
-   0.73x / 0.83x / 0.87x bfloat16-xla's at 24 / 40 / 138 tokens (docs/benchmarks.md, "Prefill in
-   bfloat16 without tiles").
+   each of 16 float32 lanes: one instruction does twice the multiply-adds of a float32 FMA. A
+   burst of prompts takes well under float32's time (as XLA's bfloat16 products do), and a lone
+   prompt, where XLA packs the weights on every call, less than bfloat16-xla's, the more so the
+   shorter the prompt (lab/benchmarks.md, "Prefill in bfloat16 without tiles").
 
    A block of the output, 12 rows by 32 columns, lives in 24 registers for the whole of K: per
    pair of inputs, two loads of packed weights (the two 16-column groups) and one broadcast of

@@ -13,10 +13,9 @@
    form one team for the whole layer (layer_tail.c's way): the QKV product's rows are shared
    out in chunks; whoever finishes the last chunk rotates, scales and writes the caches while
    the others spin; then the (row, KV head) attention items are shared out, then the tail's
-   phases. The default model's step against the tail alone in one call (three alternating
-   pairs): float32 at one row 18.8-19.5 against 20.1-20.3 ms, at four 25.8-27.7 against
-   29.7-30.3, the GGUF's blocks at one 7.4-8.1 against 8.0-9.5, at sixteen 47.8-55.7 against
-   58.7-60.0 (docs/benchmarks.md, "A whole layer in one call").
+   phases. Against the tail alone in one call the default model's step is shorter at every
+   batch measured, in float32 and in the GGUF's blocks (lab/benchmarks.md, "A whole layer in
+   one call").
 
    Rows at or after `live` (int32 [1]; outside 1..B: all): y is x, their cache rows are left as
    they are. The same sums as the separate calls for every live row but the norms' (summed in

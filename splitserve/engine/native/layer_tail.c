@@ -9,9 +9,9 @@
 
    Why one call: as separate XLA operations the three products are three hand-offs to XLA's
    thread pool with XLA's own norm, SwiGLU and adds between them, and the memory idles at each.
-   The default model's 121 float32 products of a one-row step read in 18.5 ms with the threads
-   kept together and took 21.3-22.5 ms as separate custom calls; its whole one-row float32 step
-   took 25.5 ms this way against 26.6 (docs/benchmarks.md, "Where a float32 step's time goes").
+   The default model's float32 products of a one-row step read faster with the threads kept
+   together than as separate custom calls, and its whole one-row float32 step is shorter this
+   way (lab/benchmarks.md, "Where a float32 step's time goes").
    Here the calling thread and the pool's threads form one team for the whole tail: each
    product's rows, and SwiGLU's columns, are shared out in chunks, and a thread that runs out of
    chunks spins until the phase is done (whoever finishes the output product's last chunk

